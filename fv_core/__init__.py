@@ -1,0 +1,92 @@
+"""fv: a model-native runtime for video, image, audio and omni diffusion models."""
+
+from fv_core.card import (
+    CacheContract,
+    CapabilityMatrix,
+    ComponentSpec,
+    LoopSpec,
+    ModelCard,
+    ParallelismContract,
+    ParitySpec,
+    PrecisionContract,
+    RecipeSpec,
+    StepCostModel,
+    StepsContract,
+    check_loop_request,
+)
+from fv_core.deploy import DeploymentCard, load_deploy
+from fv_core.errors import (
+    AdmissionInfeasible,
+    Cancelled,
+    CardValidationError,
+    ConfigError,
+    DuplicateKeyError,
+    FvError,
+    PluginLoadError,
+    QueueFull,
+    RecipeLoopMismatch,
+    UnknownKeyError,
+    WeightsError,
+)
+from fv_core.hookspecs import hookimpl
+from fv_core.loop.contracts import (
+    BatchKey,
+    Done,
+    Loop,
+    LoopKind,
+    LoopResult,
+    LoopState,
+    Profile,
+    StepResult,
+    StreamEvent,
+    WorkPlan,
+    WorkUnitKind,
+)
+from fv_core.plugins import PluginHost, load_plugins
+from fv_core.registry import lookup_kernel, resolve_lazy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdmissionInfeasible",
+    "BatchKey",
+    "CacheContract",
+    "Cancelled",
+    "CapabilityMatrix",
+    "CardValidationError",
+    "ComponentSpec",
+    "ConfigError",
+    "DeploymentCard",
+    "Done",
+    "DuplicateKeyError",
+    "FvError",
+    "Loop",
+    "LoopKind",
+    "LoopResult",
+    "LoopSpec",
+    "LoopState",
+    "ModelCard",
+    "ParallelismContract",
+    "ParitySpec",
+    "PluginHost",
+    "PluginLoadError",
+    "PrecisionContract",
+    "Profile",
+    "QueueFull",
+    "RecipeLoopMismatch",
+    "RecipeSpec",
+    "StepCostModel",
+    "StepResult",
+    "StepsContract",
+    "StreamEvent",
+    "UnknownKeyError",
+    "WeightsError",
+    "WorkPlan",
+    "WorkUnitKind",
+    "check_loop_request",
+    "hookimpl",
+    "load_deploy",
+    "load_plugins",
+    "lookup_kernel",
+    "resolve_lazy",
+]

@@ -1,0 +1,33 @@
+"""Model cards: specs, validation and assembly."""
+
+from fv_core.card.spec import (
+    CacheContract,
+    CapabilityMatrix,
+    ComponentSpec,
+    LoopSpec,
+    ModelCard,
+    ParallelismContract,
+    ParitySpec,
+    PrecisionContract,
+    RecipeSpec,
+    StepCostModel,
+    StepsContract,
+)
+from fv_core.card.validate import card_from_dict, check_loop_request, validate_card
+
+__all__ = [
+    "CacheContract",
+    "CapabilityMatrix",
+    "ComponentSpec",
+    "LoopSpec",
+    "ModelCard",
+    "ParallelismContract",
+    "ParitySpec",
+    "PrecisionContract",
+    "RecipeSpec",
+    "StepCostModel",
+    "StepsContract",
+    "card_from_dict",
+    "check_loop_request",
+    "validate_card",
+]

@@ -1,0 +1,140 @@
+"""Model cards: the declarative contract of a servable model.
+
+A card owns its components, loops, recipe and parity contract. It is plain
+pydantic data (unknown fields rejected) so it can be validated, printed and
+compared before any weight is touched.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fv_core.loop.contracts import LoopKind, WorkUnitKind
+
+ConsistencyLevel = Literal["C0", "C1", "C2", "C3", "C4"]
+
+
+class Spec(BaseModel):
+    """Base of every card section: strict, immutable-by-convention data."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ComponentSpec(Spec):
+    """One loadable part of a model (transformer, VAE, text encoder, ...)."""
+
+    kind: str  # "dit", "vae", "text_encoder", "tokenizer", "scheduler", ...
+    load_id: str  # "module:attr" of the class/loader, or a components-registry variant
+    subfolder: str | None = None  # folder inside the checkpoint layout
+    required_for: set[str] = Field(default_factory=set)  # tasks that need it loaded
+    optional_for: set[str] = Field(default_factory=set)  # tasks that may use it
+    resident_for: set[str] = Field(default_factory=set)  # tasks that keep it resident between requests
+    precision: str = "float32"  # default dtype
+
+
+class StepCostModel(Spec):
+    """Predicted seconds per step: ``base_s + per_token_s * tokens``."""
+
+    base_s: float = 0.0
+    per_token_s: float = 0.0
+    peak_bytes_per_token: int = 0  # worst-case transient memory per token
+
+
+class StepsContract(Spec):
+    """Which step counts (and timesteps) a loop may be driven with."""
+
+    min_steps: int = 1
+    max_steps: int = 1000
+    fixed_timesteps: list[int] | None = None  # distilled loops pin their timesteps
+
+
+class LoopSpec(Spec):
+    """A loop this card can run and what it binds."""
+
+    kind: LoopKind
+    work_unit_kind: WorkUnitKind
+    loop_factory: str  # "module:attr" returning a Loop
+    components: list[str] = Field(default_factory=list)  # components the loop drives
+    shared_weight_components: list[str] = Field(default_factory=list)  # bound to the same live instance
+    cache_policy: list[str] = Field(default_factory=list)  # cache contracts the loop uses
+    step_cost: StepCostModel = Field(default_factory=StepCostModel)
+    steps: StepsContract = Field(default_factory=StepsContract)
+    samplers: list[str] = Field(default_factory=list)  # sampler names the loop accepts
+
+
+class RecipeSpec(Spec):
+    """What produced the weights, and the loop they assume."""
+
+    method: str = "base"  # base, finetune, dmd2, self_forcing, diffusion_nft, ...
+    parents: list[str] = Field(default_factory=list)  # teacher / base card ids
+    assumes_loop: str  # the loop id the weights were made for
+    assumes_precision: str = "float32"
+    consistency_required: ConsistencyLevel = "C1"
+    description: str = ""
+
+
+class ParitySpec(Spec):
+    """How this card's outputs are checked."""
+
+    level: ConsistencyLevel = "C1"
+    reference: str | None = None  # external oracle, e.g. "diffusers:WanPipeline"
+    tolerances: dict[str, float] = Field(default_factory=dict)  # per tap / output, max abs
+    interleave_gate: bool = True  # N interleaved == N serial, bit for bit
+
+
+class CapabilityMatrix(Spec):
+    """Tasks the card serves and what it accepts."""
+
+    tasks: set[str] = Field(default_factory=set)  # text_to_video, text_to_image, ...
+    interceptors: set[str] = Field(default_factory=set)  # accepted interceptor kinds: step_skip, block_skip
+    max_frames: int | None = None
+    max_resolution: tuple[int, int] | None = None  # (height, width)
+
+
+class CacheContract(Spec):
+    """A cache a loop may use, with every key field that can change the output."""
+
+    kind: Literal["feature", "residual", "kv"]
+    key_fields: list[str]  # CacheKey fields, e.g. model, component, weights_version, content_hash
+    component: str | None = None  # component whose weights version scopes the entries
+    capacity: int = 256  # max entries
+
+
+class ParallelismContract(Spec):
+    """Parallel axes the card supports and their maximum degree."""
+
+    axes: dict[str, int] = Field(default_factory=lambda: {"dp": 1})  # axis -> max degree
+
+
+class PrecisionContract(Spec):
+    """Precisions the card may run in."""
+
+    supported: list[str] = Field(default_factory=lambda: ["float32"])
+    default: str = "float32"
+
+
+class ModelCard(Spec):
+    """A servable (recipe, runtime) pair."""
+
+    model_id: str
+    family: str
+    description: str = ""
+    components: dict[str, ComponentSpec]
+    loops: dict[str, LoopSpec]
+    recipe: RecipeSpec
+    parity: ParitySpec = Field(default_factory=ParitySpec)
+    capabilities: CapabilityMatrix = Field(default_factory=CapabilityMatrix)
+    caches: dict[str, CacheContract] = Field(default_factory=dict)
+    parallelism: ParallelismContract = Field(default_factory=ParallelismContract)
+    precision: PrecisionContract = Field(default_factory=PrecisionContract)
+    kernels: dict[str, str] = Field(default_factory=dict)  # op -> selected variant (filled at assembly)
+    default_weights: str | None = None  # "module:attr" that materializes embedded weights, returns a path
+
+    def validate(self) -> ModelCard:  # type: ignore[override]
+        """Check internal references; raise CardValidationError naming card, field and fix."""
+        from fv_core.card.validate import validate_card
+
+        validate_card(self)
+        return self

@@ -1,0 +1,185 @@
+"""Card validation: every reference on a card resolves, before any weight loads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from fv_core.card.spec import ModelCard
+from fv_core.errors import CardValidationError, RecipeLoopMismatch
+
+PARALLEL_AXES = {"dp", "tp", "sp", "cp", "cfgp", "pp_patch", "vae", "ep", "fsdp", "role", "replica"}
+
+
+def card_from_dict(data: dict[str, Any]) -> ModelCard:
+    """Build a card from plain data, turning schema errors into ``CardValidationError``."""
+    name = str(data.get("model_id", "<unnamed>"))
+    try:
+        card = ModelCard.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        fix = (
+            "remove it (unknown fields are rejected)" if err["type"] == "extra_forbidden" else "see ModelCard"
+        )
+        raise CardValidationError(name, where, f"{err['msg']} (got {err.get('input')!r})", fix) from None
+    return validate_card(card)
+
+
+def validate_card(card: ModelCard) -> ModelCard:
+    """Raise ``CardValidationError`` (card, field, fix) on the first inconsistency."""
+    _check_loops(card)
+    _check_recipe(card)
+    _check_components(card)
+    _check_caches(card)
+    _check_contracts(card)
+    return card
+
+
+def _fail(card: ModelCard, field: str, problem: str, fix: str) -> None:
+    raise CardValidationError(card.model_id, field, problem, fix)
+
+
+def _check_loops(card: ModelCard) -> None:
+    if not card.loops:
+        _fail(card, "loops", "the card declares no loop", "declare at least one LoopSpec")
+    components = sorted(card.components)
+    for loop_id, loop in card.loops.items():
+        where = f"loops.{loop_id}"
+        if ":" not in loop.loop_factory:
+            _fail(
+                card,
+                f"{where}.loop_factory",
+                f"{loop.loop_factory!r} is not 'module:attr'",
+                "name the loop factory as 'package.module:callable'",
+            )
+        for name in loop.components + loop.shared_weight_components:
+            if name not in card.components:
+                _fail(
+                    card,
+                    f"{where}.components",
+                    f"component {name!r} is not declared (declared: {components})",
+                    f"add {name!r} to components or remove it from the loop",
+                )
+        for cache in loop.cache_policy:
+            if cache not in card.caches:
+                _fail(
+                    card,
+                    f"{where}.cache_policy",
+                    f"cache {cache!r} is not declared (declared: {sorted(card.caches)})",
+                    f"add a CacheContract named {cache!r} to caches",
+                )
+        steps = loop.steps
+        if not 1 <= steps.min_steps <= steps.max_steps:
+            _fail(
+                card,
+                f"{where}.steps",
+                f"min_steps={steps.min_steps} max_steps={steps.max_steps}",
+                "use 1 <= min_steps <= max_steps",
+            )
+        if (
+            steps.fixed_timesteps is not None
+            and not steps.min_steps <= len(steps.fixed_timesteps) <= steps.max_steps
+        ):
+            _fail(
+                card,
+                f"{where}.steps.fixed_timesteps",
+                f"{len(steps.fixed_timesteps)} timesteps outside [{steps.min_steps}, {steps.max_steps}]",
+                "make min_steps/max_steps admit the fixed timesteps",
+            )
+
+
+def _check_recipe(card: ModelCard) -> None:
+    recipe = card.recipe
+    if recipe.assumes_loop not in card.loops:
+        _fail(
+            card,
+            "recipe.assumes_loop",
+            f"{recipe.assumes_loop!r} is not a declared loop (declared: {sorted(card.loops)})",
+            "set assumes_loop to the loop the weights were made for",
+        )
+    if recipe.assumes_precision not in card.precision.supported:
+        _fail(
+            card,
+            "recipe.assumes_precision",
+            f"{recipe.assumes_precision!r} is not in precision.supported {card.precision.supported}",
+            "add it to precision.supported",
+        )
+
+
+def _check_components(card: ModelCard) -> None:
+    for name, comp in card.components.items():
+        unknown = sorted(comp.required_for - card.capabilities.tasks)
+        if unknown:
+            _fail(
+                card,
+                f"components.{name}.required_for",
+                f"tasks {unknown} are not in capabilities.tasks {sorted(card.capabilities.tasks)}",
+                "declare the task in capabilities.tasks or drop it",
+            )
+
+
+def _check_caches(card: ModelCard) -> None:
+    for name, cache in card.caches.items():
+        if cache.component is not None and cache.component not in card.components:
+            _fail(
+                card,
+                f"caches.{name}.component",
+                f"component {cache.component!r} is not declared",
+                "name a declared component whose weights version scopes this cache",
+            )
+        if not cache.key_fields:
+            _fail(
+                card,
+                f"caches.{name}.key_fields",
+                "a cache with no key fields would serve stale entries",
+                "list every field that can change the cached value",
+            )
+
+
+def _check_contracts(card: ModelCard) -> None:
+    if card.precision.default not in card.precision.supported:
+        _fail(
+            card,
+            "precision.default",
+            f"{card.precision.default!r} not in supported {card.precision.supported}",
+            "add it to precision.supported",
+        )
+    for axis, degree in card.parallelism.axes.items():
+        if axis not in PARALLEL_AXES:
+            _fail(
+                card,
+                f"parallelism.axes.{axis}",
+                f"unknown axis {axis!r}",
+                f"use one of {sorted(PARALLEL_AXES)}",
+            )
+        if degree < 1:
+            _fail(card, f"parallelism.axes.{axis}", f"degree {degree} < 1", "use a degree of at least 1")
+
+
+def check_loop_request(
+    card: ModelCard, loop_id: str, num_steps: int, timesteps: list[int] | None = None
+) -> None:
+    """Refuse to drive ``card`` with a loop or step count its recipe does not assume."""
+    recipe = card.recipe
+    if loop_id != recipe.assumes_loop:
+        raise RecipeLoopMismatch(
+            f"card {card.model_id!r} was made by {recipe.method!r} for loop {recipe.assumes_loop!r}, "
+            f"not {loop_id!r}. Fix: run loop {recipe.assumes_loop!r}."
+        )
+    steps = card.loops[loop_id].steps
+    if steps.fixed_timesteps is not None:
+        if num_steps != len(steps.fixed_timesteps) or (
+            timesteps is not None and timesteps != steps.fixed_timesteps
+        ):
+            raise RecipeLoopMismatch(
+                f"card {card.model_id!r} ({recipe.method}) assumes exactly {len(steps.fixed_timesteps)} steps at "
+                f"timesteps {steps.fixed_timesteps}; got {num_steps} steps. Fix: use "
+                f"num_inference_steps={len(steps.fixed_timesteps)} (its weights make garbage otherwise)."
+            )
+    elif not steps.min_steps <= num_steps <= steps.max_steps:
+        raise RecipeLoopMismatch(
+            f"card {card.model_id!r} loop {loop_id!r} runs {steps.min_steps}..{steps.max_steps} steps; got "
+            f"{num_steps}. Fix: choose a step count in that range."
+        )

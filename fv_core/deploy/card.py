@@ -1,0 +1,99 @@
+"""Deploy files: which cards and plugins a deployment enables, and its limits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fv_core.errors import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Limits(Strict):
+    """Per-request and queue limits the server enforces."""
+
+    max_frames: int = Field(81, ge=1)
+    max_height: int = Field(720, ge=16)
+    max_width: int = Field(1280, ge=16)
+    max_steps: int = Field(100, ge=1)
+    max_guidance: float = Field(20.0, ge=0)
+    max_queue: int = Field(64, ge=1)  # waiting requests before "busy, retry"
+    max_running: int = Field(8, ge=1)  # requests interleaved at once
+
+
+class ModelDeploy(Strict):
+    """One served model."""
+
+    card: str  # card id, e.g. "wan2.1-t2v-tiny"
+    name: str | None = None  # served model name (default: the card id)
+    weights: str | None = None  # checkpoint folder; default: the card's embedded weights
+    kernels: dict[str, str] = Field(default_factory=dict)  # op -> variant, e.g. {"attention": "sta"}
+    interceptors: list[str] = Field(default_factory=list)  # enabled interceptor names
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.card
+
+
+class DeploymentCard(Strict):
+    """A deployment: plugins enabled by name, models, limits, plugin options."""
+
+    plugins: list[str] = Field(default_factory=list)  # enabled plugins; installed but unnamed = inactive
+    models: list[ModelDeploy] = Field(min_length=1)
+    limits: Limits = Field(default_factory=Limits)
+    plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # plugin -> options
+    data_dir: str = "fv-data"  # jobs database and artifacts
+
+    def model(self, name: str) -> ModelDeploy:
+        for m in self.models:
+            if m.served_name == name:
+                return m
+        available = [m.served_name for m in self.models]
+        raise ConfigError(
+            f"model {name!r} is not deployed. Available: {available}. Fix: use one of these names."
+        )
+
+
+def parse_deploy(data: dict[str, Any], source: str = "<deploy>") -> DeploymentCard:
+    """Validate deploy data; errors name the field, the value and the fix."""
+    try:
+        return DeploymentCard.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            hint = (
+                " (unknown field: remove it or check its spelling)"
+                if err["type"] == "extra_forbidden"
+                else ""
+            )
+            lines.append(f"  {where}: {err['msg']}; got {err.get('input')!r}{hint}")
+        raise ConfigError(f"{source}: invalid deploy file:\n" + "\n".join(lines)) from None
+
+
+def load_deploy(path: str | Path) -> DeploymentCard:
+    """Read a YAML or JSON deploy file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"deploy file {str(path)!r} does not exist. Fix: pass the path of a YAML or JSON file."
+        )
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping with 'models' (and 'plugins', 'limits', ...)"
+        )
+    return parse_deploy(data, str(path))

@@ -1,0 +1,94 @@
+"""Checks that tie a deploy file to what is installed, and the request trust boundary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from fv_core.card.assemble import assemble_card, interceptor_kind
+from fv_core.deploy.card import DeploymentCard
+from fv_core.errors import ConfigError
+from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
+from fv_core.registry import lookup_kernel
+
+
+def check_deploy(
+    deploy: DeploymentCard, host: PluginHost, device: str = "cpu", arch: str = "any"
+) -> list[str]:
+    """Every problem of ``deploy`` against the loaded plugins (empty: valid)."""
+    problems: list[str] = []
+
+    def attempt(fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except (ConfigError, LookupError, ValueError) as exc:
+            problems.append(str(exc))
+
+    attempt(host.require, deploy.plugins)
+    enabled = set(deploy.plugins) | {BUILTIN_PLUGIN}
+    for i in range(len(deploy.models)):
+        attempt(_check_model, deploy, host, i, enabled, device, arch)
+    for plugin, options in deploy.plugin_options.items():
+        attempt(validate_plugin_options, host, deploy, plugin, options)
+    names = [m.served_name for m in deploy.models]
+    if len(set(names)) != len(names):
+        problems.append(f"models: served names {names} repeat. Fix: give each model a unique 'name'.")
+    return problems
+
+
+def _check_model(
+    deploy: DeploymentCard, host: PluginHost, index: int, enabled: set[str], device: str, arch: str
+) -> None:
+    model = deploy.models[index]
+    where = f"models[{index}]"
+    registries = host.registries
+    _check_enabled(host, "cards", model.card, enabled, f"{where}.card")
+    card = assemble_card(registries, model.card)
+    for op, variant in model.kernels.items():
+        key, _ = lookup_kernel(registries.kernels, op, device, arch, variant)
+        _check_enabled(host, "kernels", key, enabled, f"{where}.kernels.{op}")
+    for name in model.interceptors:
+        _check_enabled(host, "interceptors", name, enabled, f"{where}.interceptors")
+        kind = interceptor_kind(registries, name)
+        if kind != "observer" and kind not in card.capabilities.interceptors:
+            raise ConfigError(
+                f"{where}.interceptors: card {card.model_id!r} rejects {name!r} (a {kind} interceptor); it accepts "
+                f"{sorted(card.capabilities.interceptors) or 'none'}. Fix: remove {name!r} from this model."
+            )
+
+
+def _check_enabled(host: PluginHost, registry: str, key: Any, enabled: set[str], where: str) -> None:
+    plugin = getattr(host.registries, registry).plugin_of(key)
+    if plugin not in enabled:
+        raise ConfigError(
+            f"{where}: {key!r} comes from plugin {plugin!r}, which this deploy does not enable. "
+            f"Fix: add {plugin!r} to 'plugins'."
+        )
+
+
+def validate_plugin_options(
+    host: PluginHost, deploy: DeploymentCard, plugin: str, options: dict[str, Any]
+) -> BaseModel:
+    """Options for ``plugin`` checked against its schema; only deploy-enabled plugins may be set.
+
+    This is the request trust boundary too: a request's plugin options pass
+    through here before they reach any plugin.
+    """
+    if plugin not in deploy.plugins:
+        raise ConfigError(
+            f"plugin options name {plugin!r}, which this deployment does not enable "
+            f"(enabled: {deploy.plugins}). Fix: drop the options or ask the operator to enable {plugin!r}."
+        )
+    if plugin not in host.registries.options:
+        raise ConfigError(f"plugin {plugin!r} takes no options; got {sorted(options)}. Fix: drop them.")
+    schema = host.registries.options.get(plugin)
+    try:
+        return schema.model_validate(options)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(
+            f"options for plugin {plugin!r}: {where}: {err['msg']}; got {err.get('input')!r}. "
+            f"Allowed options: {sorted(schema.model_fields)}."
+        ) from None

@@ -1,0 +1,59 @@
+"""fv's few exception types. Each subclasses a builtin, and each message
+quotes the bad value, the rule it broke and the fix."""
+
+from __future__ import annotations
+
+
+class FvError(Exception):
+    """Base of fv's errors."""
+
+
+class ConfigError(FvError, ValueError):
+    """Bad user input or configuration (deploy file, request, options)."""
+
+
+class CardValidationError(ConfigError):
+    """A model card is inconsistent; raised before any weight loads."""
+
+    def __init__(self, card: str, field: str, problem: str, fix: str):
+        self.card, self.field = card, field
+        super().__init__(f"card {card!r}: {field}: {problem}. Fix: {fix}")
+
+
+class RecipeLoopMismatch(ConfigError):
+    """A request asks a card for a loop its weights were not made for."""
+
+
+class UnknownKeyError(FvError, KeyError):
+    """A registry key that nobody registered; the message lists what is available."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateKeyError(FvError, ValueError):
+    """Two plugins registered the same key."""
+
+
+class PluginLoadError(FvError, ImportError):
+    """A plugin that a deployment requires failed to load."""
+
+
+class WeightsError(FvError, ValueError):
+    """A checkpoint folder is missing, malformed, or holds pickle files."""
+
+
+class AdmissionInfeasible(FvError, RuntimeError):
+    """A request can never fit the budget; names the resource and the numbers."""
+
+
+class QueueFull(FvError, RuntimeError):
+    """The queue is at its limit; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float):
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class Cancelled(FvError, RuntimeError):
+    """A request was cancelled; raised to whoever waits on its result."""

@@ -1,0 +1,92 @@
+"""Hook specifications: what a plugin can contribute.
+
+Every hook receives a ``register`` callable owned by the core; the plugin
+calls it once per thing it contributes. The core records which plugin
+registered what, so duplicates and ``fv plugins`` can name the plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("fv")
+hookimpl = pluggy.HookimplMarker("fv")
+
+Register = Callable[..., None]
+
+
+@hookspec
+def fv_register_cards(register: Register) -> None:
+    """Contribute model cards.
+
+    :param register: call ``register(card)`` with a ``ModelCard``, or with a
+        zero-argument callable (or lazy ``"module:attr"`` string) returning one;
+        the card's ``model_id`` is its key.
+    """
+
+
+@hookspec
+def fv_register_components(register: Register) -> None:
+    """Contribute component implementations.
+
+    :param register: call ``register((kind, device, variant), impl)`` where
+        ``impl`` is a class, factory or lazy ``"module:attr"`` string; ``device``
+        is ``"cpu"``, ``"cuda"`` or ``"any"``.
+    """
+
+
+@hookspec
+def fv_register_kernels(register: Register) -> None:
+    """Contribute kernels for an op.
+
+    :param register: call ``register((op, device, arch, variant), impl)``, e.g.
+        ``(("attention", "any", "any", "sta"), "fv_sta.kernel:sta_attention")``;
+        ``arch`` is a GPU architecture (``"sm90"``) or ``"any"``.
+    """
+
+
+@hookspec
+def fv_register_loops(register: Register) -> None:
+    """Contribute loop implementations that cards can name.
+
+    :param register: call ``register(loop_id, factory)`` where ``factory`` is a
+        callable or lazy ``"module:attr"`` string returning a ``Loop``.
+    """
+
+
+@hookspec
+def fv_register_interceptors(register: Register) -> None:
+    """Contribute step/block interceptors and observers.
+
+    :param register: call ``register(name, factory)`` where ``factory`` is a
+        callable or lazy ``"module:attr"`` string; the deploy file enables
+        interceptors by this name.
+    """
+
+
+@hookspec
+def fv_register_methods(register: Register) -> None:
+    """Contribute training methods.
+
+    :param register: call ``register(name, factory)`` where ``factory`` is a
+        callable or lazy ``"module:attr"`` string returning a training method.
+    """
+
+
+@hookspec
+def fv_register_options(register: Register) -> None:
+    """Contribute the pydantic schema of this plugin's options.
+
+    :param register: call ``register(plugin_name, schema)`` with a pydantic
+        model class (``extra="forbid"``); deploy files and requests set the
+        plugin's options only through it.
+    """
+
+
+HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name, value in list(globals().items()) if name.startswith("fv_register_") and callable(value)
+)
+
+__all__ = ["HOOK_NAMES", "Register", "hookimpl", "hookspec"] + list(HOOK_NAMES)

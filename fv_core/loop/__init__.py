@@ -1,0 +1,1 @@
+"""Driven loops: the contract the runtime drives."""

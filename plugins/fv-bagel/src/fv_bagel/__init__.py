@@ -1,0 +1,1 @@
+"""fv plugin for BAGEL (MoT: AR text + image diffusion on one instance)."""

@@ -1,0 +1,1 @@
+"""fv plugin: DBCache / FBCache / TaylorSeer block interceptors."""

@@ -1,0 +1,1 @@
+"""fv plugin: sliding tile attention kernels."""

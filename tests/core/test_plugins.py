@@ -1,0 +1,140 @@
+import subprocess
+import sys
+
+import pytest
+
+from fv_core import ConfigError, hookimpl
+from fv_core.plugins import PluginHost, load_plugins
+from tests.core.conftest import make_card
+
+
+class CardPlugin:
+    def __init__(self, *ids):
+        self.ids = ids
+
+    @hookimpl
+    def fv_register_cards(self, register):
+        for i in self.ids:
+            register(make_card(i))
+
+
+class EverythingPlugin:
+    @hookimpl
+    def fv_register_cards(self, register):
+        register("lazy-card", lambda: make_card("lazy-card"))
+
+    @hookimpl
+    def fv_register_components(self, register):
+        register(("vae", "cpu", "tiled"), "torch.nn:Identity")
+
+    @hookimpl
+    def fv_register_kernels(self, register):
+        register(("attention", "cpu", "any", "naive"), "torch.nn.functional:scaled_dot_product_attention")
+
+    @hookimpl
+    def fv_register_loops(self, register):
+        register("denoise-euler", "collections:OrderedDict")
+
+    @hookimpl
+    def fv_register_interceptors(self, register):
+        register("fbcache", "collections:OrderedDict")
+
+    @hookimpl
+    def fv_register_methods(self, register):
+        register("finetune", "collections:OrderedDict")
+
+    @hookimpl
+    def fv_register_options(self, register):
+        from pydantic import BaseModel
+
+        register("everything", BaseModel)
+
+
+class BrokenRegistration:
+    @hookimpl
+    def fv_register_cards(self, register):
+        register(make_card("half-registered"))
+        raise RuntimeError("weights index corrupt")
+
+
+class MisspeltHook:
+    @hookimpl
+    def fv_register_card(self, register):  # missing "s": must fail loudly
+        register(make_card("never"))
+
+
+def test_every_hook_fills_its_registry(host: PluginHost):
+    host.add(EverythingPlugin(), "everything")
+    host.collect()
+    regs = host.registries
+    assert host.card("lazy-card").model_id == "lazy-card"
+    assert ("vae", "cpu", "tiled") in regs.components
+    assert ("attention", "cpu", "any", "naive") in regs.kernels
+    assert "denoise-euler" in regs.loops and "fbcache" in regs.interceptors and "finetune" in regs.methods
+    assert "everything" in regs.options
+    (info,) = [p for p in host.report() if p["name"] == "everything"]
+    assert len(info["hooks"]) == 7
+    assert info["registered"]["cards"] == ["lazy-card"]
+
+
+def test_broken_registration_is_isolated_and_rolled_back(host: PluginHost):
+    host.add(CardPlugin("good"), "good")
+    host.add(BrokenRegistration(), "broken")
+    host.collect()
+    assert "good" in host.registries.cards
+    assert "half-registered" not in host.registries.cards
+    (err,) = host.errors
+    assert err.plugin == "broken" and err.stage == "register" and "weights index corrupt" in err.error
+
+
+def test_duplicate_card_skips_second_plugin_naming_both(host: PluginHost):
+    host.add(CardPlugin("wan", "wan-extra"), "first")
+    host.add(CardPlugin("wan", "other"), "second")
+    host.collect()
+    assert host.registries.cards.plugin_of("wan") == "first"
+    assert "other" not in host.registries.cards  # the whole second plugin is skipped
+    assert "'first'" in host.errors[0].error and "'second'" in host.errors[0].error
+
+
+def test_misspelt_hook_fails_loudly(host: PluginHost):
+    host.add(MisspeltHook(), "typo")
+    (err,) = host.errors
+    assert "fv_register_card" in err.error
+
+
+def test_required_plugin_reports_its_load_error(host: PluginHost):
+    host.add(BrokenRegistration(), "broken")
+    host.collect()
+    with pytest.raises(ConfigError, match="'broken' is required but failed to load: RuntimeError"):
+        host.require(["broken"])
+    with pytest.raises(ConfigError, match="'fv-missing' is required but not installed"):
+        host.require(["fv-missing"])
+
+
+def test_entry_points_discover_installed_plugin_and_isolate_broken(on_path):
+    host = load_plugins(env={})
+    info = {p["name"]: p for p in host.report()}
+    assert info["fv-example"]["distribution"] == "fv-example" and info["fv-example"]["version"] == "0.3.1"
+    assert info["fv-example"]["registered"]["cards"] == ["example-denoiser"]
+    assert "boom: missing CUDA toolkit" in info["fv-broken"]["error"]
+    assert [e.stage for e in host.errors if e.plugin == "fv-broken"] == ["import"]
+    assert host.card("example-denoiser").kernels == {"attention": "sdpa"}
+
+
+def test_allowlist_and_blocklist(on_path):
+    only = load_plugins(env={"FV_PLUGINS": "fv-example"})
+    assert "fv-example" in only.infos and "fv-broken" not in only.infos
+    blocked = load_plugins(env={"FV_DISABLE_PLUGINS": "fv-broken, fv-example"})
+    assert "fv-example" not in blocked.infos and "fv-broken" not in blocked.infos
+    assert not blocked.errors
+
+
+def test_trace_prints_hook_calls(on_path):
+    code = "from fv_core.plugins import load_plugins; load_plugins()"
+    env = {"FV_TRACE_PLUGINS": "1", "FV_PLUGINS": "fv-example", "PYTHONPATH": f"{on_path}:{sys.path[0]}"}
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert "[fv-trace] fv-example.fv_register_cards registered ['example-denoiser']" in out.stderr
