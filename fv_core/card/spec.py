@@ -131,6 +131,7 @@ class ModelCard(Spec):
     precision: PrecisionContract = Field(default_factory=PrecisionContract)
     kernels: dict[str, str] = Field(default_factory=dict)  # op -> selected variant (filled at assembly)
     default_weights: str | None = None  # "module:attr" that materializes embedded weights, returns a path
+    instance_factory: str | None = None  # "module:attr" called (card, weights, device) -> live model instance
 
     def validate(self) -> ModelCard:  # type: ignore[override]
         """Check internal references; raise CardValidationError naming card, field and fix."""

@@ -29,13 +29,16 @@ def test_hook_names_cover_every_registry():
 def test_public_api_is_pinned():
     assert sorted(fv_core.__all__) == fv_core.__all__, "keep __all__ sorted"
     assert fv_core.__all__ == [
-        "AdmissionInfeasible", "BatchKey", "CacheContract", "Cancelled", "CapabilityMatrix", "CardValidationError",
-        "ComponentSpec", "ConfigError", "DeploymentCard", "Done", "DuplicateKeyError", "FvError", "Loop", "LoopKind",
-        "LoopResult", "LoopSpec", "LoopState", "ModelCard", "ParallelismContract", "ParitySpec", "PluginHost",
-        "PluginLoadError", "PrecisionContract", "Profile", "QueueFull", "RecipeLoopMismatch", "RecipeSpec",
-        "StepCostModel", "StepResult", "StepsContract", "StreamEvent", "UnknownKeyError", "WeightsError", "WorkPlan",
-        "WorkUnitKind", "check_loop_request", "hookimpl", "load_deploy", "load_plugins", "lookup_kernel",
-        "resolve_lazy",
+        "AdmissionInfeasible", "AsyncEngine", "BatchKey", "Budget", "CacheContract", "CacheKey", "Cancelled",
+        "CapabilityMatrix", "CardValidationError", "ComponentSpec", "ConfigError", "DeploymentCard", "Done",
+        "DuplicateKeyError", "Engine", "FeatureCache", "FvError", "LoadedModel", "Loop", "LoopContext",
+        "LoopKind", "LoopResult", "LoopRunner", "LoopSpec", "LoopState", "ModelCard", "Observer",
+        "ParallelismContract", "ParityAligner", "ParitySpec", "PluginHost", "PluginLoadError",
+        "PrecisionContract", "Profile", "Program", "QueueFull", "RecipeLoopMismatch", "RecipeSpec", "Request",
+        "Stage", "StepCostModel", "StepInterceptor", "StepResult", "StepsContract", "StreamEvent",
+        "UnknownKeyError", "WeightsError", "WorkPlan", "WorkUnitKind", "assert_interleave_parity",
+        "check_batched_parity", "check_loop_request", "content_hash", "hookimpl", "load_deploy", "load_model",
+        "load_plugins", "lookup_kernel", "plugin_slot", "resolve_lazy",
     ]  # fmt: skip
     for name in fv_core.__all__:
         assert getattr(fv_core, name) is not None

@@ -1,0 +1,9 @@
+"""Requests, cancel scopes and stream events."""
+
+from fv_core.loop.contracts import StreamEvent
+from fv_core.request.cancel import CancelScope
+from fv_core.request.request import Request
+
+TERMINAL_EVENTS = frozenset({"done", "error", "cancelled"})  # kinds that end a request's stream
+
+__all__ = ["TERMINAL_EVENTS", "CancelScope", "Request", "StreamEvent"]

@@ -1,0 +1,151 @@
+"""AsyncEngine: the server's front of an Engine.
+
+All model work (loop init, steps, finalize) runs on one worker thread; the
+event loop only queues commands and receives events. API::
+
+    aengine = AsyncEngine(Engine(budget=...), batching=True)
+    async with aengine:                                   # start() / stop()
+        rid = await aengine.submit(loop, request, instance)   # QueueFull / AdmissionInfeasible raise here
+        async for event in aengine.stream(rid): ...       # progress ... then done / error / cancelled
+        aengine.cancel(rid)                               # at the next step boundary
+        result = await aengine.result(rid)                # LoopResult, or raises Cancelled / the error
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from fv_core.errors import Cancelled
+from fv_core.loop.contracts import LoopResult, StreamEvent
+from fv_core.request import TERMINAL_EVENTS
+from fv_core.runtime.engine import Engine
+
+
+@dataclass(slots=True)
+class _Record:
+    """Event-loop side of one request."""
+
+    outcome: asyncio.Future[LoopResult]  # LoopResult or exception
+    events: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)  # stream events in order
+
+
+class AsyncEngine:
+    """Submit / stream / cancel / result over one worker thread."""
+
+    def __init__(self, engine: Engine | None = None, *, batching: bool = True) -> None:
+        self.engine = engine or Engine()
+        self.batching = batching
+        self._commands: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self._records: dict[str, _Record] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop ``start`` ran on."""
+        if self._loop is None:
+            raise RuntimeError("AsyncEngine is not started; use `async with` or await start() first")
+        return self._loop
+
+    async def __aenter__(self) -> AsyncEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._sched = self.engine.scheduler(self.batching)
+        self._sched.on_event = self._on_event
+        self._thread = threading.Thread(target=self._work, name="fv-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Cancel what is in flight and join the worker."""
+        self._commands.put(None)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    async def submit(self, loop: Any, request: Any, instance: Any) -> str:
+        """Queue a request (init and admission run on the worker); returns its id."""
+        rid = request.request_id
+        record = self._records[rid] = _Record(outcome=self._event_loop.create_future())
+        admitted: Future = Future()
+
+        def command() -> None:
+            try:
+                self._sched.submit(loop, request, instance)
+                admitted.set_result(rid)
+            except BaseException as exc:
+                admitted.set_exception(exc)
+
+        self._commands.put(command)
+        try:
+            return await asyncio.wrap_future(admitted)
+        except BaseException:
+            if self._records.get(rid) is record:
+                del self._records[rid]
+            raise
+
+    async def stream(self, request_id: str) -> AsyncIterator[StreamEvent]:
+        """Events of one request, in order, ending with done / error / cancelled."""
+        record = self._records[request_id]
+        while True:
+            event = await record.events.get()
+            yield event
+            if event.kind in TERMINAL_EVENTS:
+                return
+
+    def cancel(self, request_id: str, reason: str = "cancelled by caller") -> None:
+        self._commands.put(lambda: self._sched.cancel(request_id, reason))
+
+    async def result(self, request_id: str) -> LoopResult:
+        """The final result; raises Cancelled or the request's error."""
+        record = self._records[request_id]
+        try:
+            return await record.outcome
+        finally:
+            self._records.pop(request_id, None)
+
+    # -- worker thread -----------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            block = not self._sched.has_work()
+            try:
+                while True:
+                    command = self._commands.get(block=block)
+                    block = False
+                    if command is None:
+                        self._sched.abort(Cancelled("engine stopped"))
+                        return
+                    command()
+            except queue.Empty:
+                pass
+            try:
+                if self._sched.has_work():
+                    self._sched.step()
+            except Exception as exc:  # an internal failure ends every request, not the worker
+                self._sched.abort(exc)
+
+    def _on_event(self, event: StreamEvent) -> None:
+        self._event_loop.call_soon_threadsafe(self._deliver, event)
+
+    def _deliver(self, event: StreamEvent) -> None:
+        record = self._records.get(event.request_id)
+        if record is None:
+            return
+        record.events.put_nowait(event)
+        if event.kind in TERMINAL_EVENTS and not record.outcome.done():
+            if event.kind == "done":
+                record.outcome.set_result(event.data)
+            else:  # error / cancelled events carry the exception
+                record.outcome.set_exception(event.data)

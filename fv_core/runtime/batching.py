@@ -1,0 +1,77 @@
+"""Run compatible plans of several requests as one call.
+
+Plans with equal ``batch_key`` run as one ``body`` call on their tensor
+inputs concatenated along dim 0 (``batch_size`` rows each); non-tensor
+inputs must be equal. Tensor outputs are split back by rows, non-tensor
+outputs are shared. Measured time is attributed in proportion to each
+plan's predicted cost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from fv_core.loop.context import grad_mode
+from fv_core.loop.contracts import Profile, StepResult, WorkPlan
+from fv_core.loop.runner import run_plan
+
+
+def concat_inputs(plans: list[WorkPlan]) -> dict[str, Any]:
+    first = plans[0]
+    out: dict[str, Any] = {}
+    for name, value in first.inputs.items():
+        if isinstance(value, torch.Tensor):
+            for p in plans:
+                rows = p.inputs[name].shape[0] if p.inputs[name].dim() else 0
+                if rows != p.batch_size:
+                    raise ValueError(
+                        f"plan {p.label!r}: input {name!r} has {rows} rows but batch_size={p.batch_size}; "
+                        "tensor inputs of a batchable plan need a leading dim of batch_size"
+                    )
+            out[name] = torch.cat([p.inputs[name] for p in plans], dim=0)
+        else:
+            for p in plans[1:]:
+                if p.inputs.get(name) is not value and p.inputs.get(name) != value:
+                    raise ValueError(
+                        f"plans {first.label!r} and {p.label!r} share batch key {first.batch_key} but differ in "
+                        f"non-tensor input {name!r}; put it in the batch key or make it a tensor"
+                    )
+            out[name] = value
+    return out
+
+
+def split_outputs(outputs: dict[str, Any], sizes: list[int]) -> list[dict[str, Any]]:
+    total = sum(sizes)
+    parts: list[dict[str, Any]] = [{} for _ in sizes]
+    for name, value in outputs.items():
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 0 or value.shape[0] != total:
+                raise ValueError(
+                    f"batched output {name!r} has shape {tuple(value.shape)}; expected {total} rows"
+                )
+            for part, chunk in zip(parts, value.split(sizes, dim=0), strict=True):
+                part[name] = chunk
+        else:
+            for part in parts:
+                part[name] = value
+    return parts
+
+
+def run_batch(plans: list[WorkPlan], profile: Profile) -> list[StepResult]:
+    """Run plans (equal batch keys) as one call; one plan runs alone."""
+    if len(plans) == 1:
+        return [run_plan(plans[0], profile)]
+    sizes = [p.batch_size for p in plans]
+    with grad_mode(profile):
+        t0 = time.perf_counter()
+        outputs = plans[0].body(concat_inputs(plans))
+        seconds = time.perf_counter() - t0
+    total_cost = sum(p.cost_s for p in plans)
+    shares = [p.cost_s / total_cost if total_cost > 0 else 1 / len(plans) for p in plans]
+    return [
+        StepResult(out, seconds=seconds * share, batched_with=len(plans))
+        for out, share in zip(split_outputs(outputs, sizes), shares, strict=True)
+    ]

@@ -1,0 +1,135 @@
+"""The synchronous engine: run loops and programs under one budget.
+
+Signatures (a work item is ``(loop_or_program, request, instance)``)::
+
+    engine = Engine(budget=Budget(compute_s=60, memory_bytes=8 << 30), profile=Profile.SERVE,
+                    device="cpu", observers=(), interceptors=(), on_event=None, max_batch_rows=8)
+    engine.run_one(loop, request, instance, state=None) -> LoopResult      # raises Cancelled
+    engine.run_serial(items) -> list[LoopResult | None]       # one after another
+    engine.run_interleaved(items) -> list[LoopResult | None]  # step by step, never batched
+    engine.run_batched(items) -> list[LoopResult | None]      # step by step, compatible steps batched
+    engine.cancel(request_id)                                 # at the next step boundary
+    engine.admission.usage()                                  # reserved compute / memory / running
+
+In the lists, ``None`` marks a cancelled request; a failed request re-raises
+its error once the others finished. ``on_event`` receives every StreamEvent
+(progress per step, partial outputs where declared; then ``done`` carrying
+the LoopResult, or ``error`` / ``cancelled`` carrying the exception).
+``state`` resumes a loop from a saved LoopState. The engine owns one
+CostModel calibrated by a Profiler observer, and one AdmissionController.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from fv_core.card.spec import StepCostModel
+from fv_core.errors import Cancelled, QueueFull
+from fv_core.loop.context import LoopContext
+from fv_core.loop.contracts import Loop, LoopResult, LoopState, Profile, StreamEvent
+from fv_core.loop.observers import Profiler
+from fv_core.program.program import Program
+from fv_core.runtime.admission import AdmissionController, Budget
+from fv_core.runtime.cost import CostModel
+from fv_core.runtime.scheduler import Entry, Scheduler, SchedulerConfig, WorkItem
+
+
+class Engine:
+    """Runs requests' loops step by step; see the module docstring for the API."""
+
+    def __init__(
+        self,
+        budget: Budget | None = None,
+        *,
+        profile: Profile = Profile.SERVE,
+        device: str | torch.device = "cpu",
+        observers: Sequence[Any] = (),
+        interceptors: Sequence[Any] = (),
+        on_event: Callable[[StreamEvent], None] | None = None,
+        cost_model: CostModel | None = None,
+        max_batch_rows: int = 8,
+        max_units_per_tick: int = 0,
+    ) -> None:
+        self.cost = cost_model or CostModel()
+        self.profiler = Profiler(self.cost)
+        self.ctx = LoopContext(
+            profile, torch.device(device), (self.profiler, *observers), tuple(interceptors)
+        )
+        self.admission = AdmissionController(budget)
+        self.on_event = on_event
+        self.max_batch_rows = max_batch_rows
+        self.max_units_per_tick = max_units_per_tick
+        self._scheduler: Scheduler | None = None
+        self._cancel_later: dict[str, str] = {}
+
+    def register_cost(self, loop_id: str, step_cost: StepCostModel) -> None:
+        """Price plans of ``loop_id`` that carry no cost_s by a LoopSpec step cost model."""
+        self.cost.register(loop_id, step_cost)
+
+    def scheduler(self, batching: bool) -> Scheduler:
+        """A scheduler sharing this engine's context, budget, cost model and event sink."""
+        config = SchedulerConfig(batching, self.max_batch_rows, self.max_units_per_tick)
+        return Scheduler(self.ctx, self.admission, self.cost, config, self.on_event)
+
+    def run_one(
+        self, loop: Loop | Program, request: Any, instance: Any, state: LoopState | None = None
+    ) -> LoopResult:
+        """Run one request alone (``state``: resume from a saved LoopState)."""
+        [entry] = self._drive([(loop, request, instance)], batching=False, state=state)
+        if entry.error is not None:
+            raise entry.error
+        assert entry.result is not None, "a request that ended without an error has a result"
+        return entry.result
+
+    def run_serial(self, items: Sequence[WorkItem]) -> list[LoopResult | None]:
+        entries = [e for item in items for e in self._drive([item], batching=False)]
+        return self._results(entries)
+
+    def run_interleaved(self, items: Sequence[WorkItem]) -> list[LoopResult | None]:
+        return self._results(self._drive(items, batching=False))
+
+    def run_batched(self, items: Sequence[WorkItem]) -> list[LoopResult | None]:
+        return self._results(self._drive(items, batching=True))
+
+    def cancel(self, request_id: str, reason: str = "cancelled by caller") -> None:
+        """Cancel at the next step boundary (or before it starts, if not yet submitted)."""
+        if self._scheduler is None or not self._scheduler.cancel(request_id, reason):
+            self._cancel_later[request_id] = reason
+
+    def _drive(
+        self, items: Sequence[WorkItem], batching: bool, state: LoopState | None = None
+    ) -> list[Entry]:
+        """Submit items as the queue allows and tick until all finish."""
+        sched = self._scheduler = self.scheduler(batching)
+        pending, entries = deque(items), []
+        try:
+            while pending or sched.has_work():
+                while pending:
+                    try:
+                        entry = sched.submit(*pending[0], state=state)
+                    except QueueFull:
+                        if not sched.has_work():
+                            raise
+                        break
+                    pending.popleft()
+                    entries.append(entry)
+                    if entry.request_id in self._cancel_later:
+                        sched.cancel(entry.request_id, self._cancel_later.pop(entry.request_id))
+                sched.step()
+        except BaseException as exc:
+            sched.abort(exc)  # nothing stays reserved when a run fails
+            raise
+        finally:
+            self._scheduler = None
+        return entries
+
+    @staticmethod
+    def _results(entries: list[Entry]) -> list[LoopResult | None]:
+        failed = next((e.error for e in entries if e.error and not isinstance(e.error, Cancelled)), None)
+        if failed is not None:
+            raise failed
+        return [e.result for e in entries]

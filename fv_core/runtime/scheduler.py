@@ -1,0 +1,350 @@
+"""The step scheduler: schedule -> execute -> update, one tick at a time.
+
+Each tick (``step``): drop cancelled requests at the step boundary, admit
+waiting requests while the named budgets allow (AdmissionController), pick
+at most one WorkUnit per running request, least recently served first,
+group compatible plans by batch key into batched calls, run them, fold the
+results back (LoopRunner.complete), stream events, and finish loops that
+returned Done (refunding their reservation). All per-request state lives in
+the requests' LoopStates; the scheduler holds only queues and reservations.
+
+Loops may define ``estimate(state) -> (raw_seconds, peak_bytes)`` for their
+remaining work; otherwise admission budgets the first plan's cost times the
+remaining steps (``total_steps``, or ``open_loop_steps`` when unknown).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fv_core.errors import Cancelled, ConfigError, QueueFull
+from fv_core.loop.context import LoopContext
+from fv_core.loop.contracts import Done, Loop, LoopResult, LoopState, StepResult, StreamEvent, WorkPlan
+from fv_core.loop.runner import ActiveLoop, LoopRunner
+from fv_core.program.program import Program
+from fv_core.request.cancel import CancelScope
+from fv_core.runtime.admission import AdmissionController, Estimate, Reservation
+from fv_core.runtime.batching import run_batch
+from fv_core.runtime.cost import CostModel, calibration_key
+
+WorkItem = tuple[Loop | Program, Any, Any]  # (loop or program, request, instance)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Knobs of one scheduler."""
+
+    batching: bool = True  # run plans with equal batch keys as one call
+    max_batch_rows: int = 8  # rows per batched call
+    max_units_per_tick: int = 0  # WorkUnits per tick; 0: one per running request
+    open_loop_steps: int = 256  # steps budgeted for a loop whose total_steps is None
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One request inside the scheduler."""
+
+    request: Any  # the request as submitted (program-level for programs)
+    runnable: Loop | Program  # what the request runs
+    instance: Any  # live instance every stage is bound to
+    scope: CancelScope = field(default_factory=CancelScope)  # cancellation flag
+    phase: str = "new"  # new -> waiting -> running -> finished
+    seq: int = 0  # submit order (FIFO tie-break)
+    stage: int = 0  # current program stage (0 for a plain loop)
+    stage_results: dict[str, LoopResult] = field(default_factory=dict)  # finished program stages
+    active: ActiveLoop | None = None  # current loop in flight
+    pending: WorkPlan | Done | None = None  # planned step not yet run
+    need: Estimate | None = None  # worst-case needs of the current stage
+    ratio: float = 1.0  # calibration ratio the estimate used; steps are charged at the same rate
+    reservation: Reservation | None = None  # what admission granted
+    result: LoopResult | None = None  # final result
+    error: BaseException | None = None  # failure or Cancelled
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def active_loop(self) -> ActiveLoop:
+        """The loop in flight; set by ``Scheduler._start_stage`` before the entry is registered."""
+        assert self.active is not None, f"request {self.request_id!r} has no loop started"
+        return self.active
+
+
+@dataclass(slots=True)
+class Batch:
+    """Plans run as one call."""
+
+    entries: list[Entry]  # owners, one per plan
+    plans: list[WorkPlan]  # equal batch keys (or a single plan)
+    rows: int = 0  # sum of batch_size
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one tick decided."""
+
+    batches: list[Batch]  # calls to make
+    finished: list[Entry]  # loops whose next() returned Done
+
+
+class Scheduler:
+    """Step-granular scheduler over many requests' loops."""
+
+    def __init__(
+        self,
+        ctx: LoopContext,
+        admission: AdmissionController,
+        cost: CostModel,
+        config: SchedulerConfig | None = None,
+        on_event: Callable[[StreamEvent], None] | None = None,
+        runner: LoopRunner | None = None,
+    ) -> None:
+        self.ctx, self.admission, self.cost = ctx, admission, cost
+        self.config = config or SchedulerConfig()
+        self.on_event = on_event
+        self.runner = runner or LoopRunner()
+        self.entries: dict[str, Entry] = {}  # live requests by id
+        self.waiting: list[tuple[int, int, int, Entry]] = []  # heap of (rank, -priority, seq, entry)
+        self.running: deque[Entry] = deque()  # service order, least recently served first
+        self.n_waiting = 0  # live entries in waiting
+        self.tick = 0  # ticks run
+        self._seq = itertools.count()
+        self._cancel_ids: set[str] = set()  # cancel requests, applied at the next boundary
+
+    # -- intake -------------------------------------------------------------------------------------
+
+    def submit(
+        self, runnable: Loop | Program, request: Any, instance: Any, state: LoopState | None = None
+    ) -> Entry:
+        """Queue a request; raises QueueFull, AdmissionInfeasible, or ConfigError for a duplicate id."""
+        if request.request_id in self.entries:
+            raise ConfigError(f"request_id {request.request_id!r} is already in flight; use a unique id")
+        if self.n_waiting >= self.admission.budget.max_waiting:
+            retry = self.admission.retry_after_s()
+            raise QueueFull(
+                f"busy: {self.n_waiting} requests waiting (limit {self.admission.budget.max_waiting}); "
+                f"retry after {retry:.3f} s",
+                retry_after_s=retry,
+            )
+        entry = Entry(request, runnable, instance, seq=next(self._seq))
+        self._start_stage(entry, state)
+        self.entries[entry.request_id] = entry
+        self._enqueue(entry, rank=1)
+        return entry
+
+    def cancel(self, request_id: str, reason: str = "cancelled by caller") -> bool:
+        """Ask for cancellation; it takes effect at the next step boundary. Thread-safe."""
+        entry = self.entries.get(request_id)
+        if entry is None:
+            return False
+        entry.scope.cancel(reason)
+        self._cancel_ids.add(request_id)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.entries)
+
+    def abort(self, error: BaseException) -> None:
+        """End every live request with ``error`` (engine shutdown or an internal failure)."""
+        for entry in list(self.entries.values()):
+            self._close(entry, error, StreamEvent("error", entry.request_id, data=error))
+
+    # -- one tick -----------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One tick: boundary work, then schedule -> execute -> update."""
+        self._drop_cancelled()
+        self._admit()
+        out = self.schedule()
+        self.update(out, self.execute(out))
+        self.tick += 1
+
+    def schedule(self) -> SchedulerOutput:
+        """At most one unit per running request, least recently served first, grouped by batch key."""
+        limit = self.config.max_units_per_tick or len(self.running)
+        selected: list[Entry] = []
+        finished: list[Entry] = []
+        for _ in range(len(self.running)):
+            if len(selected) >= limit:
+                break
+            entry = self.running.popleft()
+            if entry.phase != "running":
+                continue  # cancelled or failed: dropped lazily
+            if entry.pending is None:
+                entry.pending = self._plan(entry)
+            (finished if isinstance(entry.pending, Done) else selected).append(entry)
+        self.running.extend(selected)
+        return SchedulerOutput(self._group(selected), finished)
+
+    def execute(self, out: SchedulerOutput) -> list[list[StepResult] | BaseException]:
+        """Run each batch: interceptors may answer plans; the rest run as one call."""
+        results: list[list[StepResult] | BaseException] = []
+        for batch in out.batches:
+            try:
+                answers = [
+                    self.runner.before(e.active_loop, p)
+                    for e, p in zip(batch.entries, batch.plans, strict=True)
+                ]
+                todo = [i for i, a in enumerate(answers) if a is None]
+                if todo:
+                    ran = run_batch([batch.plans[i] for i in todo], self.ctx.profile)
+                    for i, r in zip(todo, ran, strict=True):
+                        answers[i] = r
+                results.append(answers)  # type: ignore[arg-type]
+            except Exception as exc:  # a failing body fails the requests of its batch only
+                results.append(exc)
+        return results
+
+    def update(self, out: SchedulerOutput, results: list[list[StepResult] | BaseException]) -> None:
+        """Fold results back, stream events, spend reservations, finish Done loops."""
+        for batch, res in zip(out.batches, results, strict=True):
+            for i, (entry, plan) in enumerate(zip(batch.entries, batch.plans, strict=True)):
+                if isinstance(res, BaseException):
+                    self._fail(entry, res)
+                    continue
+                try:
+                    assert entry.reservation is not None, "a scheduled entry is running, hence reserved"
+                    self.admission.consume(entry.reservation, plan.cost_s * entry.ratio)
+                    events = self.runner.complete(entry.active_loop, plan, res[i])
+                except Exception as exc:
+                    self._fail(entry, exc)
+                    continue
+                entry.pending = None
+                for event in events:
+                    self._emit(event)
+        for entry in out.finished:
+            self._finish_stage(entry)
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _group(self, selected: list[Entry]) -> list[Batch]:
+        groups: dict[Any, Batch] = {}
+        batches: list[Batch] = []
+        for entry in selected:
+            plan = entry.pending
+            assert isinstance(plan, WorkPlan), "schedule() selects only entries with a pending WorkPlan"
+            key = plan.batch_key if self.config.batching and plan.batch_key is not None else None
+            batch = groups.get(key) if key is not None else None
+            if batch is None or batch.rows + plan.batch_size > self.config.max_batch_rows:
+                batch = Batch([], [])
+                batches.append(batch)
+                if key is not None:
+                    groups[key] = batch
+            batch.entries.append(entry)
+            batch.plans.append(plan)
+            batch.rows += plan.batch_size
+        return batches
+
+    def _plan(self, entry: Entry) -> WorkPlan | Done:
+        active = entry.active_loop
+        plan = self.runner.plan(active)
+        return plan if isinstance(plan, Done) else self.cost.fill(active.state, plan)
+
+    def _start_stage(self, entry: Entry, state: LoopState | None = None) -> None:
+        """Init the current stage's loop, plan its first step, check it can ever fit."""
+        if isinstance(entry.runnable, Program):
+            loop = entry.runnable.stages[entry.stage].loop
+            request = entry.runnable.stage_request(entry.stage, entry.request, entry.stage_results)
+        else:
+            loop, request = entry.runnable, entry.request
+        entry.active = self.runner.start(loop, request, entry.instance, self.ctx, state)
+        entry.pending = self._plan(entry)
+        entry.need = self._estimate(entry)
+        self.admission.check_feasible(entry.request_id, entry.need, entry.instance)
+
+    def _estimate(self, entry: Entry) -> Estimate:
+        plan, state, loop = entry.pending, entry.active_loop.state, entry.active_loop.loop
+        if isinstance(plan, Done):
+            return Estimate(0.0, 0)
+        assert plan is not None, "_start_stage plans the first step before estimating"
+        ratio = entry.ratio = self.cost.ratio(calibration_key(state, plan))
+        if hasattr(loop, "estimate"):
+            raw_s, peak = loop.estimate(state)
+            return Estimate(raw_s * ratio, max(peak, plan.peak_bytes))
+        left = (
+            state.total_steps - state.step if state.total_steps is not None else self.config.open_loop_steps
+        )
+        return Estimate(plan.cost_s * ratio * max(left, 1), plan.peak_bytes)
+
+    def _enqueue(self, entry: Entry, rank: int) -> None:
+        entry.phase = "waiting"
+        self.n_waiting += 1
+        heapq.heappush(self.waiting, (rank, -getattr(entry.request, "priority", 0), entry.seq, entry))
+
+    def _admit(self) -> None:
+        """Admit waiting requests in priority order while the budgets allow (no overtaking)."""
+        while self.waiting:
+            entry = self.waiting[0][3]
+            if entry.phase == "waiting":
+                assert entry.need is not None, "_start_stage estimates before enqueueing"
+                reservation = self.admission.try_reserve(entry.request_id, entry.need, entry.instance)
+                if reservation is None:
+                    return
+                entry.reservation, entry.phase = reservation, "running"
+                self.running.append(entry)
+                self.n_waiting -= 1
+            heapq.heappop(self.waiting)
+
+    def _drop_cancelled(self) -> None:
+        while self._cancel_ids:
+            entry = self.entries.get(self._cancel_ids.pop())
+            if entry is not None and entry.phase in ("waiting", "running"):
+                error = Cancelled(f"request {entry.request_id!r} was cancelled: {entry.scope.reason}")
+                self._close(
+                    entry,
+                    error,
+                    StreamEvent("cancelled", entry.request_id, entry.active_loop.state.step, data=error),
+                )
+
+    def _finish_stage(self, entry: Entry) -> None:
+        assert isinstance(entry.pending, Done), "only entries whose plan returned Done finish"
+        result = self.runner.finish(entry.active_loop, entry.pending.reason)
+        self._release(entry)
+        program = entry.runnable
+        if isinstance(program, Program) and entry.stage + 1 < len(program.stages):
+            entry.stage_results[program.stages[entry.stage].name] = result
+            entry.stage += 1
+            try:
+                self._start_stage(entry)
+            except Exception as exc:
+                self._close(entry, exc, StreamEvent("error", entry.request_id, data=exc))
+                return
+            self._enqueue(entry, rank=0)  # later stages go ahead of new requests
+            return
+        if isinstance(program, Program):
+            entry.stage_results[program.stages[entry.stage].name] = result
+            result = program.combine(entry.stage_results)
+        entry.result, entry.phase = result, "finished"
+        del self.entries[entry.request_id]
+        self._emit(StreamEvent("done", entry.request_id, result.metrics.get("steps", 0), data=result))
+
+    def _fail(self, entry: Entry, exc: BaseException) -> None:
+        if entry.phase != "finished":
+            self._close(
+                entry, exc, StreamEvent("error", entry.request_id, entry.active_loop.state.step, data=exc)
+            )
+
+    def _close(self, entry: Entry, error: BaseException, event: StreamEvent) -> None:
+        """End a request early: release its state and reservation, report why."""
+        if entry.phase == "waiting":
+            self.n_waiting -= 1
+        self.runner.abandon(entry.active_loop)
+        self._release(entry)
+        entry.error, entry.phase, entry.pending = error, "finished", None
+        self.entries.pop(entry.request_id, None)
+        self._emit(event)
+
+    def _release(self, entry: Entry) -> None:
+        if entry.reservation is not None:
+            self.admission.release(entry.reservation)
+            entry.reservation = None
+
+    def _emit(self, event: StreamEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
