@@ -1,4 +1,22 @@
-"""fv-sta plugin entry point.
+"""fv-sta plugin entry point: the STA attention kernels and their options schema."""
 
-Registers nothing yet: the STA kernels are not built. It installs and is discovered so deploy files can name it.
-"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fv_core import hookimpl
+
+PLUGIN = "fv-sta"
+
+
+@hookimpl
+def fv_register_kernels(register: Callable[..., None]) -> None:
+    register(("attention", "any", "any", "sta"), "fv_sta.kernel:sta_flex")
+    register(("attention", "cuda", "sm90", "sta"), "fv_sta.kernel:sta_hopper")
+
+
+@hookimpl
+def fv_register_options(register: Callable[..., None]) -> None:
+    from fv_sta.options import StaOptions
+
+    register(PLUGIN, StaOptions)

@@ -1,0 +1,86 @@
+"""STA on ``flex_attention``: a block mask built straight from tile adjacency.
+
+``create_block_mask`` would evaluate a mask function over every (query, key)
+pair, far too slow on CPU at 32k tokens. The tile window already says which key
+blocks each query block sees, so the block lists are written down directly:
+blocks without padding are "full" (no per-token mask), blocks holding padding
+are "partial" and get a mask that hides the padded keys. The mask function
+states the whole STA rule (tile adjacency and real keys), so eager flex, which
+applies it everywhere, computes the same attention.
+"""
+
+from __future__ import annotations
+
+from functools import cache, lru_cache
+from typing import Any
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from fv_sta.tiles import TileLayout, real_tokens, tile_neighbours
+
+
+def _split_full_partial(kv_blocks: torch.Tensor, padded: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per query block: (num, indices) of full key blocks, then of partial ones, each ``[1, 1, ...]``."""
+    is_partial = padded[kv_blocks].to(torch.int8)
+    counts = (is_partial.sum(1), (1 - is_partial).sum(1))
+    order = torch.argsort(is_partial, dim=1, stable=True)  # full blocks first
+    full = kv_blocks.gather(1, order)
+    partial = kv_blocks.gather(1, order.flip(1))  # partial blocks first
+    width = padded.numel()  # rows padded to all key blocks; entries past the count are ignored
+    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+    as_mask = lambda t: t.to(torch.int32)[None, None].contiguous()  # noqa: E731
+    return as_mask(counts[1]), as_mask(pad(full)), as_mask(counts[0]), as_mask(pad(partial))
+
+
+@lru_cache(maxsize=64)
+def sta_block_mask(layout: TileLayout, block_size: int, device: str) -> BlockMask:
+    """The block mask of ``layout`` in tile-major order; cached per (grid, tile, window, block, device)."""
+    if layout.tile_volume % block_size:
+        raise ValueError(
+            f"STA block size {block_size} must divide the tile volume {layout.tile_volume} "
+            f"(tile {layout.tile}). Fix: pick a block size that divides it, or another tile."
+        )
+    split = layout.tile_volume // block_size  # blocks per tile
+    neighbours = tile_neighbours(layout)  # [tiles, window tiles]
+    kv_blocks = (neighbours[:, :, None] * split + torch.arange(split)).reshape(len(neighbours), -1)
+    kv_blocks = kv_blocks.repeat_interleave(split, dim=0)  # every block of a query tile sees the same keys
+    real = real_tokens(layout)
+    padded = ~real.reshape(-1, block_size).all(1)
+    full_num, full_idx, part_num, part_idx = (t.to(device) for t in _split_full_partial(kv_blocks, padded))
+    adjacent = torch.zeros(layout.num_tiles, layout.num_tiles, dtype=torch.bool)
+    adjacent.scatter_(1, neighbours, True)
+    adjacent, real, volume = adjacent.to(device), real.to(device), layout.tile_volume
+
+    def sta_rule(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        return adjacent[q // volume, kv // volume] & real[kv]
+
+    return BlockMask.from_kv_blocks(
+        part_num,
+        part_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=block_size,
+        mask_mod=sta_rule,
+        seq_lengths=(layout.padded_len, layout.padded_len),
+    )
+
+
+@cache
+def _compiled_flex() -> Any:
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_sta(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: TileLayout,
+    block_size: int,
+    scale: float | None = None,
+    compiled: bool = True,
+) -> torch.Tensor:
+    """Attention over tile-major ``[B, heads, padded_len, D]`` tensors within the tile window."""
+    mask = sta_block_mask(layout, block_size, str(query.device))
+    attend = _compiled_flex() if compiled else flex_attention
+    return attend(query, key, value, block_mask=mask, scale=scale)

@@ -1,0 +1,90 @@
+"""STA equals dense SDPA under the equivalent boolean mask, built here independently in grid order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fv_sta.kernel import StaFlex
+from fv_sta.options import StaOptions
+from fv_sta.tiles import TileLayout, from_tiles, to_tiles
+
+EAGER = StaFlex(StaOptions(compile=False))
+
+
+def sta_dense_mask(grid, tile, window) -> torch.Tensor:
+    """``[L, L]`` bool: key j is visible to query i when, on every axis, j's tile is in i's clamped window."""
+    coords = torch.stack(torch.meshgrid(*(torch.arange(n) for n in grid), indexing="ij"), -1).reshape(-1, 3)
+    keep = torch.ones(len(coords), len(coords), dtype=torch.bool)
+    for axis in range(3):
+        tiles = -(-grid[axis] // tile[axis])
+        own = coords[:, axis] // tile[axis]
+        start = (own - window[axis] // 2).clamp(0, tiles - window[axis])
+        keep &= (own[None, :] >= start[:, None]) & (own[None, :] < start[:, None] + window[axis])
+    return keep
+
+
+def qkv(grid, heads=2, dim=16, batch=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = grid[0] * grid[1] * grid[2]
+    return [torch.randn(batch, heads, tokens, dim, generator=gen) for _ in range(3)]
+
+
+CASES = [
+    ((4, 8, 8), (2, 4, 4), (1, 1, 1)),  # divides evenly, smallest window
+    ((4, 8, 8), (2, 4, 4), (2, 2, 1)),  # even window: clamped, off-centre
+    ((5, 7, 9), (2, 4, 4), (2, 1, 2)),  # nothing divides: padded and masked
+    ((3, 5, 6), (2, 2, 4), (1, 2, 2)),
+    ((1, 9, 10), (1, 4, 4), (1, 3, 1)),  # one frame
+]
+
+
+@pytest.mark.parametrize(("grid", "tile", "window"), CASES)
+def test_eager_matches_dense_mask(grid, tile, window):
+    q, k, v = qkv(grid)
+    out = EAGER(q, k, v, grid=grid, tile=tile, window=window)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=sta_dense_mask(grid, tile, window))
+    assert (out - ref).abs().max() <= 1e-5
+
+
+def test_compiled_matches_dense_mask_with_padding_and_sub_blocks():
+    """Compiled flex reads the block lists: full blocks unmasked, padded blocks masked, 2 blocks per tile."""
+    grid, tile, window = (5, 7, 9), (2, 4, 4), (2, 1, 2)
+    q, k, v = qkv(grid, batch=1)
+    out = StaFlex()(q, k, v, grid=grid, tile=tile, window=window, block_size=16)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=sta_dense_mask(grid, tile, window))
+    assert (out - ref).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("grid", [(4, 8, 8), (3, 5, 7)])
+def test_whole_grid_window_is_dense_attention(grid):
+    tile = (2, 4, 4)
+    window = TileLayout(grid, tile, (1, 1, 1)).tiles
+    q, k, v = qkv(grid)
+    out = EAGER(q, k, v, grid=grid, tile=tile, window=window, scale=0.3)
+    assert (out - F.scaled_dot_product_attention(q, k, v, scale=0.3)).abs().max() <= 1e-5
+
+
+def test_tile_reorder_round_trips_and_is_tile_major():
+    layout = TileLayout((3, 5, 6), (2, 2, 4), (1, 1, 1))
+    x = torch.arange(3 * 5 * 6, dtype=torch.float32).reshape(1, -1, 1)
+    tiled = to_tiles(x, layout)
+    assert tiled.shape[1] == layout.padded_len == 2 * 3 * 2 * 16
+    assert torch.equal(from_tiles(tiled, layout), x)
+    # the first tile holds frames 0-1, rows 0-1, columns 0-3
+    assert tiled[0, :16, 0].tolist() == [
+        t * 30 + h * 6 + w for t in range(2) for h in range(2) for w in range(4)
+    ]
+
+
+def test_window_larger_than_grid_is_rejected():
+    with pytest.raises(ValueError, match="exceeds the grid"):
+        TileLayout((2, 8, 8), (2, 4, 4), (2, 1, 1))
+
+
+def test_masked_or_causal_calls_are_rejected():
+    q, k, v = qkv((2, 4, 4))
+    with pytest.raises(ValueError, match="no attn_mask or is_causal"):
+        EAGER(q, k, v, is_causal=True, grid=(2, 4, 4))
+    with pytest.raises(ValueError, match="grid"):
+        EAGER(q, k, v, grid=(2, 4, 5))
