@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from fv_sta.kernel import StaFlex
 from fv_sta.tiles import TileLayout
 

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from fv_core.errors import FvError
+from fv_core.errors import FvError, UnknownKeyError
 from fv_core.plugins import load_plugins
 
 
@@ -59,6 +59,57 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_size(text: str) -> tuple[int, int]:
+    """``"832x480"`` -> (width, height)."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {text!r} is not WIDTHxHEIGHT, e.g. 832x480") from None
+    return width, height
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from fv_core.generate import generate
+    from fv_core.model import load_model
+
+    host = load_plugins()
+    if args.model not in host.registries.cards:
+        available = sorted(str(k) for k in host.registries.cards)
+        raise UnknownKeyError(
+            f"unknown model {args.model!r}. Available: {available}. Fix: pick one (see `fv cards`)."
+        )
+    card = host.card(args.model)
+    width, height = args.size if args.size else (None, None)
+    params = {
+        "prompt": args.prompt,
+        "negative_prompt": args.negative_prompt,
+        "num_frames": args.frames,
+        "height": height,
+        "width": width,
+        "steps": args.steps,
+        "guidance": args.guidance,
+        "sampler": args.sampler,
+        "cfg_mode": args.cfg_mode,
+    }
+    params = {k: v for k, v in params.items() if v is not None}
+    model = load_model(card, args.weights, plugin=host.registries.cards.plugin_of(args.model))
+    with tqdm(desc=f"{card.model_id}", unit="step", leave=False) as bar:
+
+        def progress(step: int, total: int) -> None:
+            bar.total = total
+            bar.update(step - bar.n)
+
+        video = generate(model, params, seed=args.seed, progress=progress)
+    path = video.save(args.output)
+    print(
+        f"wrote {path} ({video.frames.shape[0]} frames, {video.frames.shape[2]}x{video.frames.shape[1]}) "
+        f"and {path.with_suffix('.json')} in {video.provenance['seconds']:.1f} s"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fv", description="fv: a model-native runtime for diffusion models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +120,25 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate a deploy file against what is installed")
     validate.add_argument("deploy_file")
     validate.set_defaults(func=cmd_validate)
+    gen = sub.add_parser("generate", help="generate a video (mp4) and its provenance (JSON)")
+    gen.add_argument("--model", required=True, help="card id, e.g. wan2.1-t2v-tiny (see `fv cards`)")
+    gen.add_argument("--weights", help="checkpoint folder (default: the card's embedded weights)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--negative-prompt")
+    gen.add_argument("--frames", type=int, help="number of frames (4k+1 for Wan)")
+    gen.add_argument("--size", type=parse_size, help="WIDTHxHEIGHT, multiples of 16")
+    gen.add_argument("--steps", type=int, help="denoising steps")
+    gen.add_argument("--guidance", type=float, help="classifier-free guidance scale")
+    gen.add_argument("--sampler", help="sampler name (the card lists them)")
+    gen.add_argument(
+        "--cfg-mode", choices=["two_forward", "batched"], help="CFG as two forwards or one batched"
+    )
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("-o", "--output", default="out.mp4", help="output .mp4 (or .png for one frame)")
+    gen.set_defaults(func=cmd_generate)
+    from fv_core.serving.cli import add_serve_parser  # imports FastAPI only when installed with [serve]
+
+    add_serve_parser(sub)
     return parser
 
 

@@ -25,6 +25,7 @@ class LoadedModel:
     card: ModelCard  # the assembled card
     instance: Any  # live components, shared by every request
     weights: str  # checkpoint folder
+    plugin: str | None = None  # distribution that registered the card (for provenance)
 
     def loop(self, loop_id: str | None = None) -> Loop:
         """A fresh loop object (loops are stateless; state lives in LoopState)."""
@@ -46,7 +47,9 @@ class LoadedModel:
         return self.loop(params.get("loop")), request, self.instance
 
 
-def load_model(card: ModelCard, weights: str | Path | None = None, device: str = "cpu") -> LoadedModel:
+def load_model(
+    card: ModelCard, weights: str | Path | None = None, device: str = "cpu", plugin: str | None = None
+) -> LoadedModel:
     """Materialize ``card`` on ``weights`` (its embedded weights when omitted)."""
     if card.instance_factory is None:
         raise ConfigError(f"card {card.model_id!r} names no instance_factory; its plugin cannot load it.")
@@ -57,4 +60,4 @@ def load_model(card: ModelCard, weights: str | Path | None = None, device: str =
             )
         weights = resolve_lazy(card.default_weights)()
     instance = resolve_lazy(card.instance_factory)(card, weights, device)
-    return LoadedModel(card, instance, str(weights))
+    return LoadedModel(card, instance, str(weights), plugin)

@@ -1,5 +1,29 @@
 """Extension seam: observers (read-only) and interceptors (compute-altering)."""
 
 from fv_core.extend.protocols import BaseObserver, BlockInterceptor, Observer, StepInterceptor, plugin_slot
+from fv_core.extend.seam import (
+    BLOCK_SKIP,
+    BLOCKS_INPUT,
+    STEP_SKIP,
+    BlockFn,
+    BlockHook,
+    check_interceptors,
+    drive_blocks,
+    negotiate,
+)
 
-__all__ = ["BaseObserver", "BlockInterceptor", "Observer", "StepInterceptor", "plugin_slot"]
+__all__ = [
+    "BLOCKS_INPUT",
+    "BLOCK_SKIP",
+    "STEP_SKIP",
+    "BaseObserver",
+    "BlockFn",
+    "BlockHook",
+    "BlockInterceptor",
+    "Observer",
+    "StepInterceptor",
+    "check_interceptors",
+    "negotiate",
+    "plugin_slot",
+    "drive_blocks",
+]

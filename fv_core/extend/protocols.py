@@ -3,18 +3,19 @@
 Observers see every step of every request but never change it (Profiler,
 BehaviorRecorder, ParityAligner). Interceptors may change a step: a
 StepInterceptor can answer a plan without running it (step skip, cached
-prediction); a BlockInterceptor wraps one block call inside a step body.
+prediction); a BlockInterceptor drives the span of transformer blocks inside
+a step body (skip a span, reuse its cached residual).
 Interceptor state lives only in ``LoopState.plugin_state[plugin_id][branch]``
 (see :func:`plugin_slot`), never in module globals or on shared modules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from fv_core.extend.seam import BlockFn
 from fv_core.loop.contracts import LoopResult, LoopState, StepResult, WorkPlan
 
 
@@ -49,6 +50,9 @@ class StepInterceptor(Protocol):
     ``before`` runs at the step boundary; returning a StepResult answers the
     plan without running its body (the plan then leaves any batch). ``after``
     sees the real or substituted result and returns the one to fold back.
+    A ``kind`` of ``"step_skip"`` marks an interceptor that skips steps (at
+    most one per loop; a card must accept the kind). Optional hooks, called
+    when present: ``on_start(state, request)`` and ``on_finish(state, result)``.
     """
 
     plugin_id: str
@@ -60,21 +64,30 @@ class StepInterceptor(Protocol):
 
 @runtime_checkable
 class BlockInterceptor(Protocol):
-    """Wraps one block call inside a step body (DBCache/FBCache-style skips).
+    """Drives the transformer blocks of one forward inside a step body (DBCache/FBCache-style skips).
 
-    ``slot`` is the request's ``plugin_slot``; a body that accepts block
-    interceptors runs unbatched (``batch_key=None``) and passes the slot in
-    its inputs. ``run(hidden)`` computes the block for real.
+    ``kind`` is ``"block_skip"``. A body whose plan carries ``inputs[BLOCKS_INPUT]``
+    calls ``run_blocks`` (through :class:`~fv_core.extend.seam.BlockHook`) once
+    per forward and CFG ``branch``. ``caches`` is a working copy of this
+    request's ``plugin_state[plugin_id]``: ``caches[branch]`` is the branch's
+    state (``plugin_slot(state, plugin_id, branch)``); rebind keys, never
+    mutate values in place; the runner commits the copy after the step.
+    ``block(i, h)`` computes block ``i`` for real; skipped blocks are simply
+    not called. Optional hooks, called when present: ``on_start(state,
+    request)`` (read the request's validated options) and ``on_finish(state,
+    result)`` (add statistics to ``result.metrics``).
     """
 
     plugin_id: str
+    kind: str
 
-    def around_block(
+    def run_blocks(
         self,
-        slot: dict[str, Any],
-        index: int,
+        caches: dict[str, dict[str, Any]],
+        branch: str,
         hidden: torch.Tensor,
-        run: Callable[[torch.Tensor], torch.Tensor],
+        num_blocks: int,
+        block: BlockFn,
     ) -> torch.Tensor: ...
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from fv_core.extend.seam import check_interceptors
 from fv_core.loop.contracts import Profile
 from fv_core.loop.observers import BehaviorRecorder
 
@@ -24,11 +25,14 @@ class LoopContext:
     profile: Profile = Profile.SERVE  # serve / rollout (capture) / train (grad enabled)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where loops allocate
     observers: tuple[Any, ...] = ()  # read-only Observer hooks (fv_core.extend.Observer)
-    interceptors: tuple[Any, ...] = ()  # StepInterceptor chain, applied in order
+    interceptors: tuple[
+        Any, ...
+    ] = ()  # step interceptors (applied in order) and at most one block interceptor
     recorder: BehaviorRecorder | None = None  # behaviour capture; set for the rollout profile
 
     def __post_init__(self) -> None:
         self.device = torch.device(self.device)
+        check_interceptors(self.interceptors)
         if self.recorder is None:
             self.recorder = next((o for o in self.observers if isinstance(o, BehaviorRecorder)), None)
         if self.profile is Profile.ROLLOUT and self.recorder is None:

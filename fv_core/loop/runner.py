@@ -2,7 +2,8 @@
 
 A loop only describes steps; the runner drives ``init -> (next -> advance)*
 -> finalize`` and applies the extension seam around every step: step
-interceptors (``before``/``after``) and read-only observers. The scheduler
+interceptors (``before``/``after``), block interceptors (a BlockHook in the
+plan's inputs, committed after the step) and read-only observers. The scheduler
 calls the pieces (``start``, ``plan``, ``before``, ``complete``, ``finish``)
 so that it can interleave and batch steps of many requests; ``run`` drives
 one request alone with the same pieces.
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fv_core.extend.seam import attach_block_hook, commit_block_hook, negotiate
 from fv_core.loop.context import LoopContext, grad_mode
 from fv_core.loop.contracts import (
     Done,
@@ -53,28 +55,39 @@ class LoopRunner:
     def start(
         self, loop: Loop, request: Any, instance: Any, ctx: LoopContext, state: LoopState | None = None
     ) -> ActiveLoop:
-        """Initialise (or resume from ``state``) and notify observers."""
+        """Negotiate interceptors with the card, initialise (or resume from ``state``), notify hooks."""
+        card = getattr(instance, "card", None)
+        if ctx.interceptors and card is not None:
+            negotiate(card, ctx.interceptors)
         state = loop.init(request, instance, ctx) if state is None else state
+        for icp in ctx.interceptors:
+            if hasattr(icp, "on_start"):
+                icp.on_start(state, request)
         for obs in ctx.observers:
             obs.on_start(state, request)
         return ActiveLoop(loop, request, instance, ctx, state)
 
     def plan(self, active: ActiveLoop) -> WorkPlan | Done:
-        """The loop's description of its next step (kernel-free)."""
-        return active.loop.next(active.state)
+        """The loop's description of its next step (kernel-free), with a block hook attached if any."""
+        plan = active.loop.next(active.state)
+        if active.ctx.interceptors and isinstance(plan, WorkPlan):
+            plan = attach_block_hook(active.state, plan, active.ctx.interceptors)
+        return plan
 
     def before(self, active: ActiveLoop, plan: WorkPlan) -> StepResult | None:
         """First interceptor answer that replaces running the plan, if any."""
         for icp in active.ctx.interceptors:
-            result = icp.before(active.state, plan)
+            result = icp.before(active.state, plan) if hasattr(icp, "before") else None
             if result is not None:
                 return result
         return None
 
     def complete(self, active: ActiveLoop, plan: WorkPlan, result: StepResult) -> list[StreamEvent]:
-        """Fold a result back: interceptors ``after``, observers, ``advance``; returns stream events."""
+        """Fold a result back: block hook, interceptors ``after``, observers, ``advance``; returns events."""
+        commit_block_hook(active.state, plan)
         for icp in reversed(active.ctx.interceptors):
-            result = icp.after(active.state, plan, result)
+            if hasattr(icp, "after"):
+                result = icp.after(active.state, plan, result)
         for obs in active.ctx.observers:
             obs.on_step(active.state, plan, result)
         active.state = active.loop.advance(active.state, result)
@@ -92,6 +105,9 @@ class LoopRunner:
         """Finalize, notify observers, attach the behaviour record under rollout."""
         active.state.done = True
         result = active.loop.finalize(active.state)
+        for icp in active.ctx.interceptors:
+            if hasattr(icp, "on_finish"):
+                icp.on_finish(active.state, result)
         for obs in active.ctx.observers:
             obs.on_finish(active.state, result)
         if active.ctx.recorder is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from fv_sta.kernel import StaFlex
 from fv_sta.options import StaOptions
 from fv_sta.tiles import TileLayout, from_tiles, to_tiles

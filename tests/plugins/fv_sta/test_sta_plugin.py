@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import fv_sta.plugin
 import pytest
 import torch
-from fv_sta.kernel import StaFlex, StaHopper
-from fv_sta.options import StaOptions, StaWindow
 from pydantic import ValidationError
 
+import fv_sta.plugin
 from fv_core import PluginHost, UnknownKeyError
 from fv_core.kernels_select import select_kernel
+from fv_sta.kernel import StaFlex, StaHopper
+from fv_sta.options import StaOptions, StaWindow
 
 
 @pytest.fixture

@@ -1,4 +1,22 @@
-"""fv-cache-dit plugin entry point.
+"""fv-cache-dit plugin entry point: the ``fbcache``, ``dbcache`` and ``taylorseer`` block interceptors."""
 
-Registers nothing yet: the interceptors are not built. It installs and is discovered so deploy files can name it.
-"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fv_core import hookimpl
+
+
+@hookimpl
+def fv_register_interceptors(register: Callable[..., None]) -> None:
+    from fv_cache_dit.dbcache import DBCache, FBCache, TaylorSeer
+
+    for factory in (FBCache, DBCache, TaylorSeer):
+        register(factory.name, factory)  # each class carries kind = "block_skip"
+
+
+@hookimpl
+def fv_register_options(register: Callable[..., None]) -> None:
+    from fv_cache_dit.options import PLUGIN, CacheDiTOptions
+
+    register(PLUGIN, CacheDiTOptions)

@@ -1,0 +1,108 @@
+"""The runtime side of the interceptor seam: block hooks, the chain check, capability negotiation.
+
+A block-structured step body declares that an interceptor may drive its
+blocks by carrying ``inputs[BLOCKS_INPUT] = None``. When a block interceptor
+is enabled, the runner replaces that ``None`` with a :class:`BlockHook` bound
+to this request (the plan then runs unbatched) and, once the step is done,
+commits what the hook wrote back into ``LoopState.plugin_state``. The body
+itself never touches LoopState: a body that fails leaves the state as it was.
+
+This module imports nothing from the rest of ``fv_core.extend`` so the loop
+runner can use it without an import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from fv_core.errors import ConfigError
+from fv_core.loop.contracts import LoopState, WorkPlan
+
+BLOCKS_INPUT = "blocks"  # plan input through which a block-structured body receives its BlockHook
+STEP_SKIP, BLOCK_SKIP = "step_skip", "block_skip"  # interceptor kinds a card may accept
+
+# block(index, hidden) -> hidden: computes transformer block ``index`` for real.
+BlockFn = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True)
+class BlockHook:
+    """One plan's handle on the request's block interceptor.
+
+    ``caches`` starts as a one-level copy of ``plugin_state[plugin_id]`` (key ->
+    dict: one per CFG branch, plus whatever request-wide dicts the
+    interceptor keeps); the interceptor rebinds keys of these dicts (never
+    mutating tensors or nested values in place) and the runner commits them
+    after the step.
+    """
+
+    interceptor: Any  # a BlockInterceptor (fv_core.extend.protocols)
+    caches: dict[str, dict[str, Any]] = field(default_factory=dict)  # working copy of the plugin's state
+
+    def run(self, branch: str, hidden: torch.Tensor, num_blocks: int, block: BlockFn) -> torch.Tensor:
+        """Blocks ``0..num_blocks-1`` of one forward of CFG ``branch``, as the interceptor decides."""
+        return self.interceptor.run_blocks(self.caches, branch, hidden, num_blocks, block)
+
+
+def drive_blocks(
+    hook: BlockHook | None, branch: str, hidden: torch.Tensor, num_blocks: int, block: BlockFn
+) -> torch.Tensor:
+    """What a body calls for its block loop: through the hook when one is attached, plainly otherwise."""
+    if hook is not None:
+        return hook.run(branch, hidden, num_blocks, block)
+    for index in range(num_blocks):
+        hidden = block(index, hidden)
+    return hidden
+
+
+def is_block_interceptor(icp: Any) -> bool:
+    return callable(getattr(icp, "run_blocks", None))
+
+
+def attach_block_hook(state: LoopState, plan: WorkPlan, interceptors: Sequence[Any]) -> WorkPlan:
+    """``plan`` with a BlockHook in its ``BLOCKS_INPUT`` (and no batch key) when a block interceptor is on."""
+    icp = next((i for i in interceptors if is_block_interceptor(i)), None)
+    if icp is None or BLOCKS_INPUT not in plan.inputs:
+        return plan
+    own = state.plugin_state.get(icp.plugin_id, {})
+    hook = BlockHook(icp, {key: dict(value) for key, value in own.items()})
+    return replace(plan, inputs={**plan.inputs, BLOCKS_INPUT: hook}, batch_key=None)
+
+
+def commit_block_hook(state: LoopState, plan: WorkPlan) -> None:
+    """Fold what the plan's hook wrote back into ``state.plugin_state`` (a no-op when the body did not run)."""
+    hook = plan.inputs.get(BLOCKS_INPUT)
+    if isinstance(hook, BlockHook):
+        state.plugin_state.setdefault(hook.interceptor.plugin_id, {}).update(hook.caches)
+
+
+def interceptor_name(icp: Any) -> str:
+    return str(getattr(icp, "name", None) or getattr(icp, "plugin_id", type(icp).__name__))
+
+
+def check_interceptors(interceptors: Sequence[Any]) -> None:
+    """At most one step-skipping and at most one block-skipping interceptor per loop."""
+    for kind in (STEP_SKIP, BLOCK_SKIP):
+        names = [interceptor_name(i) for i in interceptors if getattr(i, "kind", None) == kind]
+        if len(names) > 1:
+            raise ConfigError(
+                f"interceptors {names} are all {kind!r}; a loop takes at most one {kind} interceptor, "
+                f"since each would decide alone what to skip. Fix: enable only one of them."
+            )
+
+
+def negotiate(card: Any, interceptors: Sequence[Any]) -> None:
+    """Raise ConfigError when ``card`` does not accept the kind of one of ``interceptors``."""
+    accepted = set(card.capabilities.interceptors)
+    for icp in interceptors:
+        kind = getattr(icp, "kind", None)
+        if kind in (STEP_SKIP, BLOCK_SKIP) and kind not in accepted:
+            raise ConfigError(
+                f"card {card.model_id!r} rejects interceptor {interceptor_name(icp)!r} (a {kind} "
+                f"interceptor; recipe {card.recipe.method!r}): it accepts {sorted(accepted) or 'none'}. "
+                f"Fix: disable {interceptor_name(icp)!r} for this model."
+            )

@@ -1,0 +1,293 @@
+"""The FastAPI app: OpenAI-shaped video and image endpoints, models, health and metrics.
+
+Every error is answered as ``{"error": {message, type, param, code}}``:
+400 bad or over-limit input, 401 bad API key, 404 unknown model or video,
+409 content not ready, 422 schema violations, 429 full queue (Retry-After).
+Unexpected failures answer 500 without a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fv_core.deploy.card import DeploymentCard
+from fv_core.plugins import PluginHost, load_plugins
+from fv_core.serving.jobs import JobStore
+from fv_core.serving.metrics import CONTENT_TYPE, Metrics
+from fv_core.serving.schemas import (
+    ErrorBody,
+    ErrorDetail,
+    ImageCreate,
+    ImageData,
+    ImagesResponse,
+    Model,
+    ModelList,
+    Video,
+    VideoCreate,
+    VideoDeleted,
+    VideoList,
+)
+from fv_core.serving.service import ApiError, Service
+
+log = logging.getLogger("fv.serving")
+POLL_AFTER_MS = "200"  # hint for the openai client's create_and_poll
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 422, 429)
+}
+_FORM_KEY = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")
+
+
+def create_app(
+    deploy: DeploymentCard,
+    host: PluginHost | None = None,
+    data_dir: str | Path | None = None,
+    api_key: str | None = None,
+    device: str = "cpu",
+) -> FastAPI:
+    """An app serving ``deploy``; models load and the engine starts in its lifespan."""
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        plugins = host if host is not None else await asyncio.to_thread(load_plugins)
+        store = JobStore(data_dir or deploy.data_dir)
+        service = Service(deploy, plugins, store, metrics, device)
+        try:
+            await service.start()
+            app.state.service = service
+            yield
+        finally:
+            await service.stop()
+            store.close()
+
+    app = FastAPI(title="fv", summary="OpenAI-compatible video and image generation", lifespan=lifespan)
+    _add_error_handlers(app)
+    app.include_router(_v1_router(api_key), prefix="/v1")
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        service: Service = request.app.state.service
+        return {"status": "ok", "models": sorted(service.models), "running": len(service.live)}
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def _v1_router(api_key: str | None) -> APIRouter:
+    bearer = HTTPBearer(auto_error=False)
+
+    def authorize(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if api_key is None:
+            return
+        if creds is None or not secrets.compare_digest(creds.credentials.encode(), api_key.encode()):
+            raise ApiError(
+                401,
+                "missing or incorrect API key. Fix: send 'Authorization: Bearer <key>' with the server's key.",
+                "invalid_api_key",
+            )
+
+    router = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS)
+
+    @router.post("/videos", response_model=Video, openapi_extra=_body_doc(VideoCreate))
+    async def create_video(request: Request, service: Service = Depends(_service)) -> Video:
+        body = _validate(VideoCreate, await _read_body(request))
+        return await service.create_video(body)
+
+    @router.get("/videos", response_model=VideoList)
+    async def list_videos(
+        after: str | None = Query(None, max_length=64),
+        limit: int = Query(20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+        service: Service = Depends(_service),
+    ) -> VideoList:
+        data, has_more = service.store.list(after, limit, order)
+        first, last = (data[0].id, data[-1].id) if data else (None, None)
+        return VideoList(data=data, first_id=first, last_id=last, has_more=has_more)
+
+    @router.get("/videos/{video_id}", response_model=Video)
+    async def retrieve_video(
+        video_id: str, response: Response, service: Service = Depends(_service)
+    ) -> Video:
+        response.headers["openai-poll-after-ms"] = POLL_AFTER_MS
+        return _video(service, video_id)
+
+    @router.get(
+        "/videos/{video_id}/content",
+        response_class=FileResponse,
+        responses={200: {"content": {"video/mp4": {}}}},
+    )
+    async def video_content(
+        video_id: str, variant: Literal["video"] = "video", service: Service = Depends(_service)
+    ) -> FileResponse:
+        video = _video(service, video_id)
+        path = service.store.artifact(video_id)
+        if path is None:
+            raise ApiError(
+                409,
+                f"video {video_id!r} is {video.status}; content exists only for completed videos. "
+                "Fix: poll GET /v1/videos/{id} until status is 'completed'.",
+                "video_not_ready",
+                "video_id",
+            )
+        return FileResponse(path, media_type="video/mp4", filename=f"{video_id}.mp4")
+
+    @router.delete("/videos/{video_id}", response_model=VideoDeleted)
+    async def delete_video(video_id: str, service: Service = Depends(_service)) -> VideoDeleted:
+        if not service.delete(video_id):
+            raise _no_video(video_id)
+        return VideoDeleted(id=video_id)
+
+    @router.post("/images/generations", response_model=ImagesResponse)
+    async def generate_images(body: ImageCreate, service: Service = Depends(_service)) -> ImagesResponse:
+        images = await service.generate_images(body)
+        return ImagesResponse(
+            created=int(time.time()), data=[ImageData(b64_json=b) for b in images], size=body.size
+        )
+
+    @router.get("/models", response_model=ModelList)
+    async def list_models(service: Service = Depends(_service)) -> ModelList:
+        return ModelList(data=[Model(id=m.name, created=m.created) for m in service.models.values()])
+
+    return router
+
+
+def _video(service: Service, video_id: str) -> Video:
+    video = service.store.get(video_id)
+    if video is None:
+        raise _no_video(video_id)
+    return video
+
+
+def _no_video(video_id: str) -> ApiError:
+    return ApiError(
+        404,
+        f"no video {video_id[:80]!r}. Fix: use an id from POST /v1/videos or GET /v1/videos.",
+        "video_not_found",
+        "video_id",
+    )
+
+
+# -- request bodies ---------------------------------------------------------------------------------
+
+
+def _body_doc(model: type[VideoCreate]) -> dict[str, Any]:
+    """OpenAPI for a body read by hand: the same schema as JSON and as a multipart form."""
+    schema = model.model_json_schema()
+    content = {"application/json": {"schema": schema}, "multipart/form-data": {"schema": schema}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+async def _read_body(request: Request) -> dict[str, Any]:
+    """A JSON object or a (multipart / urlencoded) form, with ``a[b][c]`` form keys nested."""
+    kind = request.headers.get("content-type", "")
+    if kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        try:
+            form = await request.form()
+        except Exception as exc:  # malformed multipart: the client's fault
+            raise ApiError(400, f"unreadable form body: {exc}", "invalid_body") from None
+        return _nest([(k, v) for k, v in form.multi_items()])
+    try:
+        data = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(
+            400, f"body is not valid JSON ({exc}). Fix: send a JSON object.", "invalid_json"
+        ) from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"body must be a JSON object; got {type(data).__name__}.", "invalid_json")
+    return data
+
+
+def _nest(items: list[tuple[str, str | UploadFile]]) -> dict[str, Any]:
+    """``plugin_options[p][k]=v`` form fields -> ``{"plugin_options": {"p": {"k": "v"}}}``."""
+    out: dict[str, Any] = {}
+    for key, value in items:
+        match = _FORM_KEY.match(key)
+        path = [match[1], *re.findall(r"\[([^\[\]]*)\]", match[2])] if match else [key]
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ApiError(400, f"form field {key!r} nests under a plain value.", "invalid_body", key)
+        if isinstance(node.get(path[-1]), dict):
+            raise ApiError(
+                400, f"form field {key!r} is given both as a value and as an object.", "invalid_body", key
+            )
+        node[path[-1]] = value
+    return out
+
+
+def _validate(model: type[VideoCreate], data: dict[str, Any]) -> VideoCreate:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message, param = _describe(exc.errors())
+        raise ApiError(422, message, "invalid_request", param) from None
+
+
+def _describe(errors: list[Any]) -> tuple[str, str | None]:
+    """One line per problem: where, what rule, what was sent; plus the first bad field."""
+    lines, params = [], []
+    for err in errors[:8]:
+        where = ".".join(str(p) for p in err["loc"] if p not in ("body", "query", "path", "header"))
+        params.append(where or None)
+        hint = " (unknown field: remove it or check its spelling)" if err["type"] == "extra_forbidden" else ""
+        got = repr(err.get("input"))
+        got = got if len(got) <= 120 else got[:117] + "..."
+        lines.append(f"{where or 'body'}: {err['msg']}; got {got}{hint}")
+    return "invalid request: " + "; ".join(lines), params[0] if params else None
+
+
+# -- error answers ----------------------------------------------------------------------------------
+
+
+def _error(
+    status: int, message: str, code: str | None, param: str | None = None, headers=None
+) -> JSONResponse:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    detail = ErrorDetail(message=message, type=kind, param=param, code=code)
+    return JSONResponse(ErrorBody(error=detail).model_dump(), status_code=status, headers=headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.code, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _describe(list(exc.errors()))
+        return _error(422, message, "invalid_request", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        return _error(exc.status_code, str(exc.detail), code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _error(500, f"internal error ({type(exc).__name__}); the server logged it.", "internal_error")

@@ -1,0 +1,47 @@
+"""``fv serve DEPLOY_FILE``: the HTTP server on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from fv_core.deploy import check_deploy, load_deploy
+    from fv_core.errors import ConfigError
+    from fv_core.plugins import load_plugins
+    from fv_core.serving.app import create_app
+
+    deploy = load_deploy(args.deploy_file)
+    host = load_plugins()
+    problems = check_deploy(deploy, host, args.device)
+    if problems:
+        raise ConfigError(
+            f"{args.deploy_file}: invalid deployment:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+    app = create_app(deploy, host, args.data_dir, args.api_key, args.device)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``serve`` to the ``fv`` command's subparsers."""
+    serve = subparsers.add_parser("serve", help="serve a deploy file over an OpenAI-compatible HTTP API")
+    serve.add_argument("deploy_file", metavar="DEPLOY_FILE")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("FV_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $FV_API_KEY; unset: no key)",
+    )
+    serve.add_argument(
+        "--data-dir", default=None, help="jobs database and videos (default: the deploy's data_dir)"
+    )
+    serve.add_argument("--device", default="cpu", help="torch device the models run on (default: cpu)")
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    serve.set_defaults(func=cmd_serve)

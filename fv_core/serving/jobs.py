@@ -1,0 +1,165 @@
+"""Durable jobs: a SQLite job table and one mp4 per completed video in the data directory.
+
+Ids are ``video_`` + 32 hex digits; an id that does not match never reaches
+the filesystem, and artifact paths are built by the store, never taken from
+the caller. On open, jobs left queued or in progress by a process that died
+are marked failed with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fv_core.serving.schemas import JobError, Video
+
+ID_PATTERN = re.compile(r"^video_[0-9a-f]{32}$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    model TEXT NOT NULL,
+    status TEXT NOT NULL,
+    progress INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    completed_at INTEGER,
+    size TEXT NOT NULL,
+    seconds TEXT NOT NULL,
+    prompt TEXT,
+    error_code TEXT,
+    error_message TEXT
+)
+"""
+_COLUMNS = (
+    "id, model, status, progress, created_at, completed_at, size, seconds, prompt, error_code, error_message"
+)
+
+
+def new_job_id() -> str:
+    return f"video_{uuid.uuid4().hex}"
+
+
+class JobStore:
+    """The job table and artifact folder; used from the event loop thread only."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.root = Path(data_dir).resolve()
+        self.videos = self.root / "videos"
+        self.videos.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.root / "jobs.sqlite3", isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(_SCHEMA)
+        self.recovered = self._recover()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _recover(self) -> int:
+        """Fail the jobs a previous process left unfinished; returns how many."""
+        cur = self.db.execute(
+            "UPDATE jobs SET status='failed', error_code='server_restart', error_message="
+            "'the server stopped while this job was ' || status || '; submit it again' "
+            "WHERE status IN ('queued', 'in_progress')"
+        )
+        return cur.rowcount
+
+    # -- writes ---------------------------------------------------------------------------------------
+
+    def create(self, job_id: str, model: str, size: str, seconds: str, prompt: str) -> Video:
+        now = int(time.time())
+        self.db.execute(
+            "INSERT INTO jobs (id, model, status, created_at, size, seconds, prompt) VALUES (?,?,?,?,?,?,?)",
+            (job_id, model, "queued", now, size, seconds, prompt),
+        )
+        return Video(
+            id=job_id,
+            model=model,
+            status="queued",
+            progress=0,
+            created_at=now,
+            size=size,
+            seconds=seconds,
+            prompt=prompt,
+        )
+
+    def progress(self, job_id: str, progress: int) -> None:
+        self.db.execute(
+            "UPDATE jobs SET status='in_progress', progress=? WHERE id=? AND status IN ('queued','in_progress')",
+            (progress, job_id),
+        )
+
+    def complete(self, job_id: str, size: str, seconds: str) -> bool:
+        """Mark completed; False when the job was deleted meanwhile."""
+        cur = self.db.execute(
+            "UPDATE jobs SET status='completed', progress=100, completed_at=?, size=?, seconds=? "
+            "WHERE id=? AND status IN ('queued','in_progress')",
+            (int(time.time()), size, seconds, job_id),
+        )
+        return cur.rowcount == 1
+
+    def fail(self, job_id: str, code: str, message: str) -> None:
+        self.db.execute(
+            "UPDATE jobs SET status='failed', completed_at=?, error_code=?, error_message=? WHERE id=?",
+            (int(time.time()), code, message, job_id),
+        )
+
+    def delete(self, job_id: str) -> bool:
+        """Remove the row and its artifact; False when there was no such job."""
+        if not ID_PATTERN.match(job_id):
+            return False
+        cur = self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+        self.video_path(job_id).unlink(missing_ok=True)
+        return cur.rowcount == 1
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Video | None:
+        if not ID_PATTERN.match(job_id):
+            return None
+        row = self.db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return _video(row) if row else None
+
+    def list(self, after: str | None, limit: int, order: str) -> tuple[list[Video], bool]:
+        """A page of jobs by creation order, and whether more follow."""
+        op, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
+        where = f"WHERE seq {op} (SELECT seq FROM jobs WHERE id=?)" if after is not None else ""
+        args: tuple[Any, ...] = (after, limit + 1) if after is not None else (limit + 1,)
+        query = f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq {direction} LIMIT ?"
+        rows = self.db.execute(query, args).fetchall()
+        return [_video(r) for r in rows[:limit]], len(rows) > limit
+
+    def video_path(self, job_id: str) -> Path:
+        """Where a job's mp4 lives; only for ids that match ID_PATTERN."""
+        if not ID_PATTERN.match(job_id):
+            raise ValueError(f"not a video id: {job_id!r}")
+        return self.videos / f"{job_id}.mp4"
+
+    def artifact(self, job_id: str) -> Path | None:
+        """The mp4 of a completed job, if it exists."""
+        job = self.get(job_id)
+        if job is None or job.status != "completed":
+            return None
+        path = self.video_path(job_id)
+        return path if path.is_file() else None
+
+
+def _video(row: tuple) -> Video:
+    (job_id, model, status, progress, created, completed, size, seconds, prompt, code, message) = row
+    error = JobError(code=code, message=message) if code else None
+    return Video(
+        id=job_id,
+        model=model,
+        status=status,
+        progress=progress,
+        created_at=created,
+        completed_at=completed,
+        size=size,
+        seconds=seconds,
+        prompt=prompt,
+        error=error,
+    )

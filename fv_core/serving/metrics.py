@@ -1,0 +1,63 @@
+"""Prometheus metrics, one registry per app (so tests can run several apps in one process)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: N811
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+RATE_WINDOW_S = 10.0  # steps/s is averaged over this window
+
+
+class Metrics:
+    """The server's gauges, counters and histograms."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.queued = Gauge("fv_queue_depth", "Jobs submitted and not yet started", registry=r)
+        self.running = Gauge("fv_running_requests", "Jobs in progress", registry=r)
+        self.steps = Counter("fv_steps", "Denoising steps finished", ["model"], registry=r)
+        self.step_rate = Gauge(
+            "fv_steps_per_second", f"Steps per second over the last {RATE_WINDOW_S:g} s", registry=r
+        )
+        self.step_rate.set_function(self._rate)
+        self.refusals = Counter(
+            "fv_admission_refusals", "Requests refused at admission", ["reason"], registry=r
+        )
+        self.jobs = Counter("fv_jobs", "Jobs finished, by model and outcome", ["model", "status"], registry=r)
+        self.requests = Counter(
+            "fv_generation_requests", "Generation requests accepted", ["model", "kind"], registry=r
+        )
+        self.latency = Histogram(
+            "fv_job_latency_seconds",
+            "Submit to finish, by model and outcome",
+            ["model", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "fv_job_queue_seconds",
+            "Submit to first step, by model",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._step_times: deque[float] = deque()
+
+    def step(self, model: str) -> None:
+        self.steps.labels(model).inc()
+        self._step_times.append(time.monotonic())
+
+    def _rate(self) -> float:
+        cutoff = time.monotonic() - RATE_WINDOW_S
+        while self._step_times and self._step_times[0] < cutoff:
+            self._step_times.popleft()
+        return len(self._step_times) / RATE_WINDOW_S
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

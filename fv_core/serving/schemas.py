@@ -1,0 +1,128 @@
+"""HTTP request and response bodies, shaped like OpenAI's video and image APIs.
+
+Requests forbid unknown fields: fv's extras (``num_frames``, ``seed``, ...)
+arrive as top-level fields, which is where the ``openai`` client merges
+``extra_body``. Multipart forms send every value as a string; pydantic's lax
+mode turns ``"5"`` into 5.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_SEED = 2**63 - 1
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class GenerationExtras(Strict):
+    """fv's generation knobs shared by videos and images (absent: the card's defaults)."""
+
+    negative_prompt: str | None = Field(None, max_length=10_000)
+    num_inference_steps: int | None = Field(None, ge=1)
+    guidance_scale: float | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    plugin_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="plugin -> options, for plugins the deployment enables"
+    )
+
+
+class VideoCreate(GenerationExtras):
+    """``POST /v1/videos`` (JSON or multipart)."""
+
+    prompt: str = Field(min_length=1, max_length=10_000)
+    model: str | None = Field(None, description="served model name; default: the first deployed model")
+    seconds: float | None = Field(
+        None, gt=0, le=3600, description="clip length; sets num_frames = seconds*fps+1"
+    )
+    size: str | None = Field(None, pattern=r"^[0-9]{1,5}x[0-9]{1,5}$", description="WIDTHxHEIGHT")
+    input_reference: Any = Field(None, description="reference image (upload, or {image_url} / {file_id})")
+    num_frames: int | None = Field(None, ge=1)
+    fps: int = Field(16, ge=1, le=240)
+
+
+class ImageCreate(GenerationExtras):
+    """``POST /v1/images/generations``."""
+
+    prompt: str = Field(min_length=1, max_length=10_000)
+    model: str | None = None
+    n: int = Field(1, ge=1, le=10)
+    size: str | None = Field(
+        None, pattern=r"^([0-9]{1,5}x[0-9]{1,5}|auto)$", description="WIDTHxHEIGHT or auto"
+    )
+    response_format: Literal["b64_json"] = "b64_json"
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class Video(BaseModel):
+    """A video job."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal["queued", "in_progress", "completed", "failed"]
+    progress: int = Field(ge=0, le=100)
+    created_at: int
+    completed_at: int | None = None
+    size: str  # "WxH", or "auto" until the card's defaults are known
+    seconds: str
+    prompt: str | None = None
+    error: JobError | None = None
+
+
+class VideoList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Video]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool = True
+
+
+class ImageData(BaseModel):
+    b64_json: str
+
+
+class ImagesResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+    size: str | None = None
+    output_format: Literal["png"] = "png"
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "fv"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error response: OpenAI's ``{"error": {...}}``."""
+
+    error: ErrorDetail

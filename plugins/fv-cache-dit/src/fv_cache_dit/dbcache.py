@@ -1,0 +1,140 @@
+"""DBCache (and FBCache, its ``F1B0`` case) as an fv block interceptor.
+
+One forward of one CFG branch at its ``step``-th call::
+
+    blocks [0, Fn)          always run; their residual r = h_Fn - h_0 is compared with
+                            the one of the last computed step: diff = mean|r' - r| / mean|r'|
+    blocks [Fn, N - Bn)     run, or skipped when the step may cache and diff < threshold:
+                            the span's cached residual (or its TaylorSeer forecast) is added
+    blocks [N - Bn, N)      always run
+
+A step may cache unless it is a warmup step, the branch has cached
+``max_cached_steps`` steps (or ``max_continuous_cached_steps`` in a row), or
+the accumulated diff passed ``max_accumulated_residual_diff_threshold``.
+Everything per request lives in ``plugin_state["fv-cache-dit"]``: the
+request's resolved options under ``"options"`` and one cache dict per CFG
+branch (``"cond"``, ``"uncond"``, ``"main"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from fv_cache_dit.options import PLUGIN, CacheDiTOptions, parse_options
+from fv_cache_dit.stats import summarize
+from fv_cache_dit.taylorseer import taylor_forecast, taylor_update
+from fv_core import ConfigError, LoopResult, LoopState
+from fv_core.extend import BLOCK_SKIP, BlockFn
+
+
+def rel_l1(prev: torch.Tensor, curr: torch.Tensor) -> float:
+    """``mean|prev - curr| / mean|prev|``: the package's residual difference."""
+    return ((prev - curr).abs().mean() / prev.abs().mean()).item()
+
+
+def may_cache(opts: CacheDiTOptions, cache: dict[str, Any], step: int, streak: int) -> bool:
+    """Whether ``step`` may use the cache at all, before looking at the residual difference."""
+    if step in range(0, opts.max_warmup_steps, opts.warmup_interval):
+        return False
+    if 0 <= opts.max_cached_steps <= len(cache.get("cached_steps", [])):
+        return False
+    if 0 <= opts.max_continuous_cached_steps <= streak:
+        return False
+    limit = opts.max_accumulated_residual_diff_threshold
+    return not (limit is not None and cache.get("accumulated_diff", 0.0) >= limit)
+
+
+def similar(opts: CacheDiTOptions, cache: dict[str, Any], residual: torch.Tensor) -> bool:
+    """Compare ``residual`` with the last computed step's; records the difference."""
+    threshold, prev = opts.residual_diff_threshold, cache.get("Fn_residual")
+    if threshold <= 0.0 or prev is None:
+        return False
+    if threshold >= 1.0:  # the package's "always cache"
+        return True
+    diff = rel_l1(prev, residual)
+    cache["residual_diffs"] = {**cache.get("residual_diffs", {}), str(cache["step"]): diff}
+    cache["accumulated_diff"] = cache.get("accumulated_diff", 0.0) + max(diff, 0.0)
+    return diff < threshold
+
+
+class DBCache:
+    """Dual Block Cache: ``Fn`` blocks in front decide, ``Bn`` behind refine, the middle span is cached."""
+
+    plugin_id: ClassVar[str] = PLUGIN
+    kind: ClassVar[str] = BLOCK_SKIP
+    name: ClassVar[str] = "dbcache"
+    preset: ClassVar[dict[str, Any]] = {}  # option defaults this variant changes
+
+    def __init__(self, **options: Any) -> None:
+        """``options``: the deployment's defaults (requests may override them)."""
+        self.options = parse_options({**self.preset, **options}, f"interceptor {self.name!r}")
+
+    # -- lifecycle hooks ------------------------------------------------------------------------------
+
+    def on_start(self, state: LoopState, request: Any) -> None:
+        """Resolve this request's options: the deployment's, overridden by the request's (validated)."""
+        asked = (request.params.get("plugin_options") or {}).get(PLUGIN) or {}
+        opts = parse_options({**self.options.model_dump(), **asked}, f"request {state.request_id!r}")
+        state.plugin_state.setdefault(PLUGIN, {})["options"] = opts.model_dump()
+
+    def on_finish(self, state: LoopState, result: LoopResult) -> None:
+        result.metrics["cache_dit"] = summarize(self.name, state.plugin_state.get(PLUGIN, {}))
+
+    # -- the block seam -------------------------------------------------------------------------------
+
+    def run_blocks(
+        self,
+        caches: dict[str, dict[str, Any]],
+        branch: str,
+        hidden: torch.Tensor,
+        num_blocks: int,
+        block: BlockFn,
+    ) -> torch.Tensor:
+        opts = CacheDiTOptions.model_validate(caches.get("options", self.options.model_dump()))
+        fn, bn = opts.Fn_compute_blocks, opts.Bn_compute_blocks
+        if fn + bn > num_blocks:
+            raise ConfigError(
+                f"{self.name}: Fn_compute_blocks={fn} + Bn_compute_blocks={bn} exceed the model's "
+                f"{num_blocks} blocks. Fix: choose Fn + Bn <= {num_blocks}."
+            )
+        cache = caches.setdefault(branch, {})
+        step = cache["step"] = cache.get("step", -1) + 1
+        cached_steps = cache.get("cached_steps", [])
+        streak = cache.get("streak", 0) if cached_steps and cached_steps[-1] == step - 1 else 0
+        start = hidden
+        for i in range(fn):
+            hidden = block(i, hidden)
+        residual = hidden - start
+        if may_cache(opts, cache, step, streak) and similar(opts, cache, residual):
+            cache["cached_steps"], cache["streak"] = [*cached_steps, step], streak + 1
+            hidden = hidden + (
+                taylor_forecast(cache, step) if opts.enable_taylorseer else cache["Bn_residual"]
+            )
+        else:
+            cache["Fn_residual"], cache["streak"] = residual, streak
+            span_start = hidden
+            for i in range(fn, num_blocks - bn):
+                hidden = block(i, hidden)
+            if opts.enable_taylorseer:
+                taylor_update(cache, step, hidden - span_start, opts.taylorseer_order)
+            else:
+                cache["Bn_residual"] = hidden - span_start
+        for i in range(num_blocks - bn, num_blocks):
+            hidden = block(i, hidden)
+        return hidden
+
+
+class FBCache(DBCache):
+    """First Block Cache: DBCache with ``Fn_compute_blocks=1, Bn_compute_blocks=0``."""
+
+    name = "fbcache"
+    preset = {"Fn_compute_blocks": 1, "Bn_compute_blocks": 0}
+
+
+class TaylorSeer(DBCache):
+    """DBCache whose cached span residual is forecast by TaylorSeer (``taylorseer_order`` 1 or 2)."""
+
+    name = "taylorseer"
+    preset = {"enable_taylorseer": True}

@@ -1,0 +1,132 @@
+"""Wan checkpoints in the published diffusers layout: check, fingerprint, load.
+
+Only safetensors (sharded or not) are accepted; pickle files are refused
+before anything is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fv_core import WeightsError
+
+EXPECTED_LAYOUT = """\
+  model_index.json
+  transformer/   config.json + diffusion_pytorch_model.safetensors (or *.safetensors.index.json + shards)
+  vae/           config.json + diffusion_pytorch_model.safetensors
+  text_encoder/  config.json + model.safetensors (or model.safetensors.index.json + shards)   [UMT5]
+  tokenizer/     tokenizer_config.json + tokenizer.json (or spiece.model)
+  scheduler/     scheduler_config.json"""
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder")
+
+# component name -> (library, class) used to load it
+COMPONENT_CLASSES = {
+    "transformer": ("diffusers", "WanTransformer3DModel"),
+    "vae": ("diffusers", "AutoencoderKLWan"),
+    "text_encoder": ("transformers", "UMT5EncoderModel"),
+    "tokenizer": ("transformers", "AutoTokenizer"),
+}
+
+
+def _fail(folder: Path, problem: str) -> None:
+    raise WeightsError(
+        f"{problem} (in {str(folder)!r}). A Wan checkpoint is a diffusers-format folder:\n{EXPECTED_LAYOUT}\n"
+        "Fix: point --weights at such a folder (e.g. a download of Wan-AI/Wan2.1-T2V-1.3B-Diffusers)."
+    )
+
+
+def check_layout(folder: str | Path, components: list[str] | None = None) -> Path:
+    """Validate the folder (or just ``components`` of it); return it as a Path.
+
+    Raises ``WeightsError`` naming what is wrong and listing the expected layout.
+    """
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        _fail(folder, "weights folder does not exist")
+    pickles = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise WeightsError(
+            f"refusing pickle checkpoint files {pickles} in {str(folder)!r}: pickle can run arbitrary code. "
+            "Fix: convert them to safetensors (e.g. `save_pretrained(..., safe_serialization=True)`) "
+            f"and remove the pickle files. Expected layout:\n{EXPECTED_LAYOUT}"
+        )
+    index = folder / "model_index.json"
+    if not index.is_file():
+        _fail(folder, "model_index.json is missing")
+    try:
+        json.loads(index.read_text())
+    except json.JSONDecodeError as exc:
+        _fail(folder, f"model_index.json is not valid JSON ({exc})")
+    for name in components or [*WEIGHT_FOLDERS, "tokenizer", "scheduler"]:
+        _check_component(folder, name)
+    return folder
+
+
+def _check_component(folder: Path, name: str) -> None:
+    sub = folder / name
+    if not sub.is_dir():
+        _fail(folder, f"component folder {name}/ is missing")
+    if name == "scheduler":
+        if not (sub / "scheduler_config.json").is_file():
+            _fail(folder, "scheduler/scheduler_config.json is missing")
+        return
+    if name == "tokenizer":
+        if not any((sub / f).is_file() for f in ("tokenizer.json", "spiece.model")):
+            _fail(folder, "tokenizer/ has neither tokenizer.json nor spiece.model")
+        return
+    if not (sub / "config.json").is_file():
+        _fail(folder, f"{name}/config.json is missing")
+    if not list(sub.glob("*.safetensors")):
+        _fail(folder, f"{name}/ holds no *.safetensors weights")
+    for index in sub.glob("*.safetensors.index.json"):
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        missing = sorted(s for s in shards if not (sub / s).is_file())
+        if missing:
+            _fail(folder, f"{name}/{index.name} names missing shards {missing}")
+
+
+def weights_fingerprint(folder: str | Path, name: str) -> str:
+    """A short content fingerprint of one component's safetensors files.
+
+    Hashes each file's name, size, safetensors header (names, dtypes, shapes,
+    offsets) and first MiB of tensor data: cheap even for 14B, and changes
+    whenever the weights are re-saved with different values in practice.
+    """
+    h = hashlib.sha256()
+    for path in sorted((Path(folder) / name).glob("*.safetensors")):
+        with path.open("rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            h.update(f"{path.name}:{path.stat().st_size}".encode())
+            h.update(f.read(header_len))
+            h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def load_component(folder: str | Path, name: str, dtype: torch.dtype = torch.float32) -> Any:
+    """Load one component with its library's ``from_pretrained`` (safetensors only)."""
+    folder = check_layout(folder, [name])
+    library, cls_name = COMPONENT_CLASSES[name]
+    if library == "diffusers":
+        import diffusers
+
+        cls = getattr(diffusers, cls_name)
+        return cls.from_pretrained(folder / name, torch_dtype=dtype, use_safetensors=True).eval()
+    import transformers
+
+    cls = getattr(transformers, cls_name)
+    if name == "tokenizer":
+        return cls.from_pretrained(folder / name)
+    return cls.from_pretrained(folder / name, dtype=dtype, use_safetensors=True).eval()
+
+
+def load_scheduler_config(folder: str | Path) -> dict[str, Any]:
+    """The checkpoint's ``scheduler/scheduler_config.json``."""
+    folder = check_layout(folder, ["scheduler"])
+    return json.loads((folder / "scheduler" / "scheduler_config.json").read_text())

@@ -1,0 +1,107 @@
+"""A live Wan model instance: a card bound to a checkpoint folder.
+
+Components load lazily, only when a request's task needs them (the card's
+``required_for``), and are shared by every request on the instance. The
+instance also owns the text-embedding FeatureCache and each component's
+weights version, which scopes that cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fv_core import ConfigError, ModelCard
+from fv_core.cache import FeatureCache
+from fv_wan.checkpoint import check_layout, load_component, load_scheduler_config, weights_fingerprint
+
+_IDS = itertools.count()
+LIVE: weakref.WeakValueDictionary[str, WanModel] = (
+    weakref.WeakValueDictionary()
+)  # instance_id -> live instance
+
+
+def live_instance(instance_id: str) -> WanModel:
+    """The live instance a loop state was started on (states store its id, never the object)."""
+    try:
+        return LIVE[instance_id]
+    except KeyError:
+        raise ConfigError(
+            f"instance {instance_id!r} is not live in this process; load the card again"
+        ) from None
+
+
+class WanModel:
+    """Resident components of one card on one checkpoint (the ``instance`` Wan loops run against)."""
+
+    def __init__(self, card: ModelCard, weights: str | Path, device: str | torch.device = "cpu"):
+        self.card = card
+        self.weights = check_layout(weights)
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, card.precision.default)
+        self.scheduler_config = load_scheduler_config(self.weights)
+        self.feature_cache = FeatureCache(
+            card.caches["text_embeddings"].capacity
+        )  # prompt -> UMT5 embeddings
+        self.kv_cache = FeatureCache(card.caches["text_kv"].capacity)  # prompt -> per-block text keys/values
+        self.weights_versions = {
+            name: weights_fingerprint(self.weights, spec.subfolder or name)
+            for name, spec in card.components.items()
+            if spec.kind in ("dit", "vae", "text_encoder")
+        }
+        self._components: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.instance_id = f"{card.model_id}#{next(_IDS)}"
+        LIVE[self.instance_id] = self
+
+    def components_for(self, task: str) -> list[str]:
+        """Components the card requires for ``task``."""
+        if task not in self.card.capabilities.tasks:
+            raise ConfigError(
+                f"card {self.card.model_id!r} does not serve task {task!r}. "
+                f"Fix: use one of {sorted(self.card.capabilities.tasks)}"
+            )
+        return sorted(n for n, spec in self.card.components.items() if task in spec.required_for)
+
+    def component(self, name: str) -> Any:
+        """The live component ``name``, loaded on first use."""
+        with self._lock:
+            if name not in self._components:
+                spec = self.card.components[name]
+                module = load_component(self.weights, spec.subfolder or name, self.dtype)
+                self._components[name] = (
+                    module.to(self.device) if isinstance(module, torch.nn.Module) else module
+                )
+            return self._components[name]
+
+    def resident_bytes(self) -> int:
+        """Bytes of the resident components' parameters and buffers (read by admission)."""
+        modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
+        return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+
+    def loaded(self) -> list[str]:
+        """Names of the resident components."""
+        return sorted(self._components)
+
+    def release(self, keep: set[str]) -> None:
+        """Drop every resident component not in ``keep``."""
+        with self._lock:
+            for name in [n for n in self._components if n not in keep]:
+                del self._components[name]
+
+    def set_weights_version(self, component: str, version: str) -> int:
+        """Record new weights for ``component``; drops only the cached features it produced. Returns how many.
+
+        Text keys/values come from the transformer applied to text embeddings, so they go with either.
+        """
+        old = self.weights_versions[component]
+        self.weights_versions[component] = version
+        dropped = self.feature_cache.invalidate(component=component, weights_version=old)
+        if component == "text_encoder":
+            return dropped + self.kv_cache.invalidate()
+        return dropped + self.kv_cache.invalidate(component=component, weights_version=old)

@@ -1,0 +1,32 @@
+"""fv-wan's pluggy hooks (entry point ``fv.plugins: fv-wan``). Everything is lazy: no torch model
+code is imported until a card is loaded."""
+
+from __future__ import annotations
+
+from fv_core import hookimpl
+
+CARDS = {
+    "wan2.1-t2v-tiny": "fv_wan.cards:wan_tiny",
+    "wan2.1-t2v-shapes": "fv_wan.cards:wan_shapes",
+    "wan2.1-t2v-1.3b": "fv_wan.cards:wan_1_3b",
+    "wan2.1-t2v-14b": "fv_wan.cards:wan_14b",
+    "fastwan2.1-t2v-1.3b": "fv_wan.cards:fastwan_1_3b",
+}
+
+
+@hookimpl
+def fv_register_cards(register) -> None:
+    for model_id, factory in CARDS.items():
+        register(model_id, factory)
+
+
+@hookimpl
+def fv_register_components(register) -> None:
+    register(("dit", "any", "wan2.1"), "diffusers:WanTransformer3DModel")
+    register(("vae", "any", "wan2.1"), "diffusers:AutoencoderKLWan")
+    register(("text_encoder", "any", "umt5"), "transformers:UMT5EncoderModel")
+
+
+@hookimpl
+def fv_register_loops(register) -> None:
+    register("wan.t2v", "fv_wan.loop:WanLoop")

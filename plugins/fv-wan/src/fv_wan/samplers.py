@@ -1,0 +1,229 @@
+"""Flow-matching samplers Wan ships with, written as stateless math.
+
+Each sampler's per-request history (UniPC keeps past model outputs) lives in
+the ``tensors``/``values`` dicts the caller passes in, i.e. in ``LoopState``;
+nothing is kept on a shared object. Schedules and updates reproduce diffusers'
+``UniPCMultistepScheduler`` (flow sigmas) and ``FlowMatchEulerDiscreteScheduler``
+to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fv_core import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """The timesteps a denoise loop visits."""
+
+    timesteps: torch.Tensor  # [steps], what the transformer is conditioned on
+    sigmas: torch.Tensor  # [steps + 1] float32 noise levels, ending at the final sigma
+
+
+def _shift(sigmas, shift: float):
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
+class UniPC:
+    """UniPC multistep (B(h) predictor-corrector) on flow sigmas with flow shift, x0-prediction."""
+
+    name = "unipc"
+    prefix = "unipc."  # key prefix in LoopState.tensors / values
+
+    def __init__(self, config: dict[str, Any]):
+        if not config.get("use_flow_sigmas") or config.get("prediction_type") != "flow_prediction":
+            raise ConfigError(
+                f"sampler 'unipc' needs a flow-mode scheduler config (use_flow_sigmas=true, "
+                f"prediction_type='flow_prediction'); got {config.get('use_flow_sigmas')!r}, "
+                f"{config.get('prediction_type')!r}. Fix: use the scheduler_config.json Wan ships."
+            )
+        if config.get("solver_type", "bh2") not in ("bh1", "bh2") or not config.get("predict_x0", True):
+            raise ConfigError("sampler 'unipc' supports solver_type bh1/bh2 with predict_x0=true only")
+        self.train_steps = int(config.get("num_train_timesteps", 1000))
+        self.shift = float(config.get("flow_shift", 1.0))
+        self.order = int(config.get("solver_order", 2))
+        self.lower_order_final = bool(config.get("lower_order_final", True))
+        self.bh2 = config.get("solver_type", "bh2") == "bh2"
+        self.final_zero = config.get("final_sigmas_type", "zero") == "zero"
+        self.no_corrector = set(config.get("disable_corrector") or [])
+
+    def schedule(self, steps: int) -> Schedule:
+        sigmas = _shift(np.linspace(1, 1 / self.train_steps, steps + 1)[:-1], self.shift)
+        if abs(sigmas[0] - 1) < 1e-6:
+            sigmas[0] -= 1e-6  # keeps log(sigma) finite on the first update
+        timesteps = torch.from_numpy(sigmas * self.train_steps).to(torch.int64)
+        last = 0.0 if self.final_zero else sigmas[-1]
+        return Schedule(timesteps, torch.from_numpy(np.concatenate([sigmas, [last]]).astype(np.float32)))
+
+    def step(
+        self,
+        tensors: dict,
+        values: dict,
+        sched: Schedule,
+        i: int,
+        velocity: torch.Tensor,
+        sample: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """One UniC correction of ``sample`` (from step ``i - 1``) then one UniP prediction to ``i + 1``."""
+        p = self.prefix
+        history = [tensors[f"{p}m{k}"] for k in range(values.get(f"{p}n", 0))]  # x0 predictions, oldest first
+        x0 = sample - sched.sigmas[i] * velocity
+        if i > 0 and (i - 1) not in self.no_corrector and f"{p}last" in tensors:
+            sample = self._correct(
+                sched.sigmas, i, history, x0, tensors[f"{p}last"], sample, values[f"{p}order"]
+            )
+        history = [*history, x0][-self.order :]
+        steps = len(sched.timesteps)
+        order = min(self.order, steps - i) if self.lower_order_final else self.order
+        order = min(order, values.get(f"{p}warm", 0) + 1)
+        prev = self._predict(sched.sigmas, i, history, sample, order)
+        for k, m in enumerate(history):
+            tensors[f"{p}m{k}"] = m
+        tensors[f"{p}last"] = sample
+        values.update(
+            {
+                f"{p}n": len(history),
+                f"{p}order": order,
+                f"{p}warm": min(values.get(f"{p}warm", 0) + 1, self.order),
+            }
+        )
+        return prev
+
+    def _coefficients(self, sigmas, t: int, s0: int, earlier: list[int], history, order: int):
+        """h, exp terms, the R/b system and the D1 differences of the B(h) update from ``s0`` to ``t``."""
+        lam = lambda s: torch.log(1 - s) - torch.log(s)  # noqa: E731 - log-SNR of a flow sigma
+        alpha_t, sigma_t, sigma_s0 = 1 - sigmas[t], sigmas[t], sigmas[s0]
+        h = lam(sigmas[t]) - lam(sigmas[s0])
+        m0 = history[-1]
+        rks, d1s = [], []
+        for k in range(1, order):
+            rk = (lam(sigmas[earlier[k - 1]]) - lam(sigmas[s0])) / h
+            rks.append(rk)
+            d1s.append((history[-(k + 1)] - m0) / rk)
+        rks = torch.stack([*rks, torch.ones(())])
+        hh = -h
+        h_phi_1 = torch.expm1(hh)
+        h_phi_k = h_phi_1 / hh - 1
+        b_h = torch.expm1(hh) if self.bh2 else hh
+        rows, b, factorial = [], [], 1
+        for k in range(1, order + 1):
+            rows.append(torch.pow(rks, k - 1))
+            b.append(h_phi_k * factorial / b_h)
+            factorial *= k + 1
+            h_phi_k = h_phi_k / hh - 1 / factorial
+        d1 = torch.stack(d1s, dim=1) if d1s else None
+        base = sigma_t / sigma_s0
+        return alpha_t, base, h_phi_1, b_h, torch.stack(rows), torch.stack(b), d1
+
+    def _predict(self, sigmas, i: int, history, x: torch.Tensor, order: int) -> torch.Tensor:
+        earlier = [i - k for k in range(1, order)]
+        alpha_t, base, h_phi_1, b_h, rows, b, d1 = self._coefficients(
+            sigmas, i + 1, i, earlier, history, order
+        )
+        res = 0
+        if d1 is not None:
+            rhos = torch.ones(1) * 0.5 if order == 2 else torch.linalg.solve(rows[:-1, :-1], b[:-1])
+            res = torch.einsum("k,bkc...->bc...", rhos.to(x), d1.to(x))
+        x_t = base * x - alpha_t * h_phi_1 * history[-1] - alpha_t * b_h * res
+        return x_t.to(x.dtype)
+
+    def _correct(
+        self, sigmas, i: int, history, x0: torch.Tensor, last: torch.Tensor, x: torch.Tensor, order: int
+    ) -> torch.Tensor:
+        earlier = [i - (k + 1) for k in range(1, order)]
+        alpha_t, base, h_phi_1, b_h, rows, b, d1 = self._coefficients(
+            sigmas, i, i - 1, earlier, history, order
+        )
+        rhos = (torch.ones(1) * 0.5 if order == 1 else torch.linalg.solve(rows, b)).to(x)
+        res = torch.einsum("k,bkc...->bc...", rhos[:-1], d1.to(x)) if d1 is not None else 0
+        x_t = (
+            base * last
+            - alpha_t * h_phi_1 * history[-1]
+            - alpha_t * b_h * (res + rhos[-1] * (x0 - history[-1]))
+        )
+        return x_t.to(x.dtype)
+
+
+class FlowEuler:
+    """Flow-match Euler: ``x <- x + (sigma_next - sigma) * v`` on shifted sigmas."""
+
+    name = "euler"
+
+    def __init__(self, config: dict[str, Any]):
+        self.train_steps = int(config.get("num_train_timesteps", 1000))
+        self.shift = float(config.get("flow_shift", config.get("shift", 1.0)))
+
+    def schedule(self, steps: int) -> Schedule:
+        n = self.train_steps
+        # diffusers shifts its training sigmas in float32 to find the range, then shifts the range again
+        ends = _shift(torch.tensor([float(n), 1.0]) / n, self.shift)
+        t = np.linspace(ends[0].item() * n, ends[1].item() * n, steps)
+        sigmas = torch.from_numpy(_shift(t / n, self.shift)).to(torch.float32)
+        return Schedule(sigmas * n, torch.cat([sigmas, torch.zeros(1)]))
+
+    def step(
+        self,
+        tensors: dict,
+        values: dict,
+        sched: Schedule,
+        i: int,
+        velocity: torch.Tensor,
+        sample: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        dt = sched.sigmas[i + 1] - sched.sigmas[i]
+        return (sample.to(torch.float32) + dt * velocity).to(velocity.dtype)
+
+
+class FixedDMD:
+    """Few-step DMD sampling at pinned timesteps: predict x0, re-noise to the next timestep with fresh noise."""
+
+    name = "dmd"
+
+    def __init__(self, config: dict[str, Any], timesteps: list[int]):
+        self.train_steps = int(config.get("num_train_timesteps", 1000))
+        self.fixed = list(timesteps)
+
+    def schedule(self, steps: int) -> Schedule:
+        if steps != len(self.fixed):
+            raise ConfigError(
+                f"sampler 'dmd' runs exactly {len(self.fixed)} steps at {self.fixed}; got {steps}"
+            )
+        sigmas = torch.tensor([*self.fixed, 0], dtype=torch.float32) / self.train_steps
+        return Schedule(torch.tensor(self.fixed, dtype=torch.int64), sigmas)
+
+    def step(
+        self,
+        tensors: dict,
+        values: dict,
+        sched: Schedule,
+        i: int,
+        velocity: torch.Tensor,
+        sample: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        x0 = sample - sched.sigmas[i] * velocity
+        nxt = sched.sigmas[i + 1]
+        if nxt == 0:
+            return x0
+        noise = torch.randn(sample.shape, generator=generator, dtype=sample.dtype, device=sample.device)
+        return (1 - nxt) * x0 + nxt * noise
+
+
+SAMPLERS = {"unipc": UniPC, "euler": FlowEuler}
+
+
+def make_sampler(name: str, config: dict[str, Any], fixed_timesteps: list[int] | None = None):
+    """The sampler ``name`` for a checkpoint's scheduler config; ``dmd`` needs the card's fixed timesteps."""
+    if name == "dmd" and fixed_timesteps:
+        return FixedDMD(config, fixed_timesteps)
+    if name not in SAMPLERS:
+        raise ConfigError(f"unknown sampler {name!r}. Fix: use one of {sorted([*SAMPLERS, 'dmd'])}")
+    return SAMPLERS[name](config)

@@ -1,0 +1,141 @@
+"""WanTransformer3DModel driven at block granularity.
+
+The same math as the module's own ``forward`` (text-to-video path: no image
+conditioning, one timestep per sample), split into stages so interceptors,
+kernels and sequence parallelism can reach each block. The text side of
+every block's cross-attention (text projection, then each block's key and
+value) does not depend on the timestep, so it is computed once per prompt by
+:func:`text_kv` and reused by every denoise step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fv_core.extend import BlockHook, drive_blocks
+
+# around_block(index, hidden, run) -> hidden; ``run(hidden)`` computes block ``index`` for real.
+AroundBlock = Callable[[int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
+
+
+def text_kv(model, text: torch.Tensor) -> torch.Tensor:
+    """Cross-attention keys and values of every block for text embeddings [B, L, text_dim].
+
+    Returns [B, blocks, 2, L, dim]: per block the normalised key and the value.
+    """
+    context = model.condition_embedder.text_embedder(text)
+    per_block = [
+        torch.stack([b.attn2.norm_k(b.attn2.to_k(context)), b.attn2.to_v(context)], 1) for b in model.blocks
+    ]
+    return torch.stack(per_block, 1)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """Everything the blocks need, computed once per call."""
+
+    hidden: torch.Tensor  # [B, tokens, dim] patch embeddings
+    kv: torch.Tensor  # [B, blocks, 2, L, dim] cross-attention keys/values (text_kv)
+    modulation: torch.Tensor  # [B, 6, dim] per-block timestep modulation
+    temb: torch.Tensor  # [B, dim] timestep embedding for the output norm
+    rotary: tuple[torch.Tensor, torch.Tensor]  # rope (cos, sin)
+    grid: tuple[int, int, int]  # latent grid after patching (frames, height, width)
+
+
+def prepare(model, latents: torch.Tensor, timestep: torch.Tensor, kv: torch.Tensor) -> Prepared:
+    """Patch embedding, rope and timestep embedding."""
+    p_t, p_h, p_w = model.config.patch_size
+    _, _, frames, height, width = latents.shape
+    rotary = model.rope(latents)
+    hidden = model.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
+    emb = model.condition_embedder
+    t = emb.timesteps_proj(timestep)
+    t_dtype = next(iter(emb.time_embedder.parameters())).dtype
+    temb = emb.time_embedder(t if t.dtype == t_dtype or t_dtype == torch.int8 else t.to(t_dtype)).type_as(kv)
+    modulation = emb.time_proj(emb.act_fn(temb)).unflatten(1, (6, -1))
+    return Prepared(hidden, kv, modulation, temb, rotary, (frames // p_t, height // p_h, width // p_w))
+
+
+def cross_attention(attn, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """``attn2`` with precomputed key/value ([B, 2, L, dim])."""
+    query = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    key, value = (kv[:, i].unflatten(2, (attn.heads, -1)) for i in (0, 1))
+    q, k, v = (t.permute(0, 2, 1, 3) for t in (query, key, value))
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
+    out = out.permute(0, 2, 1, 3).flatten(2, 3).type_as(query)
+    return attn.to_out[1](attn.to_out[0](out))
+
+
+def block_forward(block, hidden: torch.Tensor, prep: Prepared, index: int) -> torch.Tensor:
+    """One WanTransformerBlock: modulated self-attention, cross-attention, modulated feed-forward."""
+    shift, scale, gate, c_shift, c_scale, c_gate = (block.scale_shift_table + prep.modulation.float()).chunk(
+        6, 1
+    )
+    norm = (block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
+    hidden = (hidden.float() + block.attn1(norm, None, None, prep.rotary) * gate).type_as(hidden)
+    norm = block.norm2(hidden.float()).type_as(hidden)
+    hidden = hidden + cross_attention(block.attn2, norm, prep.kv[:, index])
+    norm = (block.norm3(hidden.float()) * (1 + c_scale) + c_shift).type_as(hidden)
+    return (hidden.float() + block.ffn(norm).float() * c_gate).type_as(hidden)
+
+
+def run_blocks(
+    model,
+    prep: Prepared,
+    around_block: AroundBlock | None = None,
+    hook: BlockHook | None = None,
+    branch: str = "main",
+) -> torch.Tensor:
+    """``for block in blocks``: the seam for block interceptors.
+
+    ``around_block`` wraps each block call; ``hook`` (fv's block seam) lets a
+    block interceptor decide which blocks of CFG ``branch`` run at all.
+    """
+
+    def block(index: int, hidden: torch.Tensor) -> torch.Tensor:
+        def run(h: torch.Tensor) -> torch.Tensor:
+            return block_forward(model.blocks[index], h, prep, index)
+
+        return run(hidden) if around_block is None else around_block(index, hidden, run)
+
+    return drive_blocks(hook, branch, prep.hidden, len(model.blocks), block)
+
+
+def finish(model, prep: Prepared, hidden: torch.Tensor) -> torch.Tensor:
+    """Output norm with timestep shift/scale, projection and unpatchify."""
+    shift, scale = (model.scale_shift_table + prep.temb.unsqueeze(1)).chunk(2, dim=1)
+    hidden = (model.norm_out(hidden.float()) * (1 + scale) + shift).type_as(hidden)
+    hidden = model.proj_out(hidden)
+    frames, height, width = prep.grid
+    p_t, p_h, p_w = model.config.patch_size
+    hidden = hidden.reshape(hidden.shape[0], frames, height, width, p_t, p_h, p_w, -1)
+    return hidden.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+
+def wan_forward_kv(
+    model,
+    latents: torch.Tensor,
+    timestep: torch.Tensor,
+    kv: torch.Tensor,
+    around_block: AroundBlock | None = None,
+    hook: BlockHook | None = None,
+    branch: str = "main",
+) -> torch.Tensor:
+    """Flow velocity for ``latents`` [B, C, F, H, W] at ``timestep`` [B] given ``text_kv`` output."""
+    prep = prepare(model, latents, timestep, kv)
+    return finish(model, prep, run_blocks(model, prep, around_block, hook, branch))
+
+
+def wan_forward(
+    model,
+    latents: torch.Tensor,
+    timestep: torch.Tensor,
+    text: torch.Tensor,
+    around_block: AroundBlock | None = None,
+) -> torch.Tensor:
+    """Flow velocity given text embeddings [B, L, text_dim] (what ``model(...)`` computes)."""
+    return wan_forward_kv(model, latents, timestep, text_kv(model, text), around_block)

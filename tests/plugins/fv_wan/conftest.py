@@ -1,0 +1,28 @@
+"""Session fixtures for fv-wan: one tiny checkpoint, one fv instance, one diffusers WanPipeline oracle."""
+
+from __future__ import annotations
+
+import pytest
+
+from fv_wan.cards import wan_tiny
+from fv_wan.model import WanModel
+from fv_wan.tiny import tiny_weights
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory) -> str:
+    return tiny_weights(tmp_path_factory.mktemp("wan") / "wan2.1-t2v-tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_path) -> WanModel:
+    return WanModel(wan_tiny(), tiny_path)
+
+
+@pytest.fixture(scope="session")
+def pipe(tiny_path):
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(tiny_path)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

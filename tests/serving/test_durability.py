@@ -1,0 +1,50 @@
+"""Restart survival: completed jobs and their mp4s outlive the process; in-flight jobs come back failed."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from fv_core.serving.jobs import JobStore, new_job_id
+from tests.serving.support import SMALL, ServerThread, tiny_deploy
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def test_restart_keeps_completed_and_fails_interrupted(host, tmp_path):
+    deploy = tiny_deploy(tmp_path)
+    with ServerThread(deploy, host) as first:
+        client = openai.OpenAI(base_url=f"{first.url}/v1", api_key="-", max_retries=0)
+        done = client.videos.create_and_poll(prompt="a kept video", poll_interval_ms=20, **SMALL)
+        mp4 = client.videos.download_content(done.id).read()
+
+    # What a killed process leaves behind: rows still queued / in progress.
+    store = JobStore(tmp_path)
+    running, queued = new_job_id(), new_job_id()
+    store.create(running, "wan2.1-t2v-tiny", "32x32", "auto", "killed mid-run")
+    store.progress(running, 40)
+    store.create(queued, "wan2.1-t2v-tiny", "32x32", "auto", "killed in queue")
+    store.close()
+
+    with ServerThread(deploy, host) as second:
+        client = openai.OpenAI(base_url=f"{second.url}/v1", api_key="-", max_retries=0)
+        kept = client.videos.retrieve(done.id)
+        assert kept.status == "completed" and client.videos.download_content(done.id).read() == mp4
+        for job_id, was in ((running, "in_progress"), (queued, "queued")):
+            video = client.videos.retrieve(job_id)
+            assert video.status == "failed" and video.error.code == "server_restart"
+            assert was in video.error.message and "submit it again" in video.error.message
+        assert second.service.store.recovered == 2
+
+
+def test_shutdown_fails_running_jobs_with_reason(host, tmp_path):
+    deploy = tiny_deploy(tmp_path)
+    with ServerThread(deploy, host) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
+        video = client.videos.create(
+            prompt="cut short", size="32x32", extra_body={"num_frames": 5, "num_inference_steps": 100}
+        )
+    store = JobStore(tmp_path)
+    job = store.get(video.id)
+    store.close()
+    assert job.status == "failed" and job.error.code == "cancelled" and "engine stopped" in job.error.message

@@ -1,0 +1,144 @@
+"""Every error answer: 400/422 with value, rule and fix; 401; 404 listing models; 409; 429 with Retry-After."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.serving.support import SMALL, TINY, wait_idle
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+AUTH = {"Authorization": "Bearer test-key"}
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+def test_bad_api_key_is_401(server):
+    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    err = error_of(httpx.get(f"{server.url}/v1/videos"), 401)
+    assert err["code"] == "invalid_api_key" and "Authorization: Bearer" in err["message"]
+
+
+def test_unknown_model_is_404_listing_models(client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.videos.create(prompt="a cat", model="sora-2", **SMALL)
+    assert TINY in info.value.message and "sora-2" in info.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.images.generate(prompt="a cat", model="dall-e-3")
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"num_frames": 13}, "num_frames", ["num_frames=13", "max_frames=9", "Fix"]),
+        ({"num_inference_steps": 500}, "num_inference_steps", ["500", "max_steps=200", "Fix"]),
+        ({"guidance_scale": 25.0}, "guidance_scale", ["25.0", "max_guidance=20.0", "Fix"]),
+        ({"seconds": 4}, "num_frames", ["num_frames=65", "max_frames=9"]),  # 4 s at 16 fps
+    ],
+)
+def test_over_limit_is_400_with_value_rule_fix(server, extra, param, words):
+    body = {"prompt": "a cat", "size": "32x32", **extra}
+    err = error_of(httpx.post(f"{server.url}/v1/videos", json=body, headers=AUTH), 400)
+    assert err["param"] == param and err["code"] == "limit_exceeded"
+    assert all(w in err["message"] for w in words), err["message"]
+
+
+def test_size_over_limit_and_card_rules(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.videos.create(prompt="a cat", size="4096x32")
+    assert "max_width=1280" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:  # the card's own rule, from its loop
+        client.videos.create(prompt="a cat", size="32x32", extra_body={"num_frames": 6})
+    assert "4k+1" in info.value.message and "Fix" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        client.videos.create(prompt="a cat", size="40x32", extra_body={"num_frames": 5})
+    assert "multiple of 16" in info.value.message
+
+
+def test_schema_violations_are_422(server, client):
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        client.videos.create(prompt="a cat", extra_body={"num_frame": 5})
+    assert "num_frame" in info.value.message and "unknown field" in info.value.message
+    for body in (
+        {"prompt": ""},
+        {"prompt": "x", "seed": -1},
+        {"prompt": "x", "size": "big"},
+        {"prompt": "x", "guidance_scale": "nan"},
+    ):
+        err = error_of(httpx.post(f"{server.url}/v1/videos", json=body, headers=AUTH), 422)
+        assert err["type"] == "invalid_request_error" and "got" in err["message"]
+    huge = {"prompt": "x", "num_frames": 10**30}  # valid JSON, over the limit
+    assert (
+        error_of(httpx.post(f"{server.url}/v1/videos", json=huge, headers=AUTH), 400)["param"] == "num_frames"
+    )
+    err = error_of(httpx.get(f"{server.url}/v1/videos", params={"limit": 0}, headers=AUTH), 422)
+    assert err["param"] == "limit"
+
+
+def test_malformed_bodies_are_400(server):
+    post = lambda **kw: httpx.post(f"{server.url}/v1/videos", headers=AUTH, **kw)  # noqa: E731
+    assert error_of(post(content=b"{not json"), 400)["code"] == "invalid_json"
+    assert error_of(post(json=[1, 2]), 400)["code"] == "invalid_json"
+    form = {"prompt": "a cat", "plugin_options": "x", "plugin_options[a]": "y"}
+    assert error_of(post(data=form), 400)["code"] == "invalid_body"
+
+
+def test_plugin_options_pass_the_trust_boundary(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.videos.create(
+            prompt="a cat", extra_body={"plugin_options": {"fv-cache-dit": {"threshold": 0.1}}}
+        )
+    assert "does not enable" in info.value.message
+
+
+def test_input_reference_unsupported_is_400(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.videos.create(prompt="a cat", input_reference=("ref.png", b"\x89PNG...", "image/png"), **SMALL)
+    assert info.value.body["param"] == "input_reference"
+
+
+def test_unknown_video_ids_are_404_and_never_touch_files(server):
+    for bad in ("video_0123", "../../etc/passwd", "..%2F..%2Fjobs.sqlite3", "video_" + "0" * 32, "%00"):
+        for suffix in ("", "/content"):
+            response = httpx.get(f"{server.url}/v1/videos/{bad}{suffix}", headers=AUTH)
+            assert response.status_code == 404, (bad, suffix, response.text)
+        assert httpx.delete(f"{server.url}/v1/videos/{bad}", headers=AUTH).status_code == 404
+
+
+def test_content_of_unfinished_video_is_409(server, client):
+    video = client.videos.create(
+        prompt="a slow cat", size="32x32", extra_body={"num_frames": 5, "num_inference_steps": 100}
+    )
+    err = error_of(httpx.get(f"{server.url}/v1/videos/{video.id}/content", headers=AUTH), 409)
+    assert err["code"] == "video_not_ready"
+    client.videos.delete(video.id)
+    wait_idle(server)
+
+
+def test_full_queue_is_429_with_retry_after(server, client):
+    slow = {"size": "32x32", "extra_body": {"num_frames": 5, "num_inference_steps": 200}}
+    ids = []
+    try:
+        with pytest.raises(openai.RateLimitError) as info:
+            for _ in range(10):  # 2 running + 4 waiting fit
+                ids.append(client.videos.create(prompt="a queue", **slow).id)
+        assert 4 <= len(ids) <= 6
+        assert int(info.value.response.headers["Retry-After"]) >= 1
+        assert "retry after" in info.value.message
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert 'fv_admission_refusals_total{reason="queue_full"}' in metrics
+    finally:
+        for i in ids:
+            client.videos.delete(i)
+        wait_idle(server)
+
+
+def test_unknown_route_and_method(server):
+    assert error_of(httpx.get(f"{server.url}/v1/nothing", headers=AUTH), 404)["code"] == "not_found"
+    assert httpx.put(f"{server.url}/v1/videos", headers=AUTH).status_code == 405
