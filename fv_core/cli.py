@@ -72,7 +72,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fv_core.generate import generate
-    from fv_core.model import load_model
+    from fv_core.model import load_model, resolve_kernels
 
     host = load_plugins()
     if args.model not in host.registries.cards:
@@ -94,7 +94,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "cfg_mode": args.cfg_mode,
     }
     params = {k: v for k, v in params.items() if v is not None}
-    model = load_model(card, args.weights, plugin=host.registries.cards.plugin_of(args.model))
+    kernels = resolve_kernels(host, card, requested={"attention": args.attention} if args.attention else None)
+    model = load_model(
+        card, args.weights, plugin=host.registries.cards.plugin_of(args.model), kernels=kernels
+    )
     with tqdm(desc=f"{card.model_id}", unit="step", leave=False) as bar:
 
         def progress(step: int, total: int) -> None:
@@ -132,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sampler", help="sampler name (the card lists them)")
     gen.add_argument(
         "--cfg-mode", choices=["two_forward", "batched"], help="CFG as two forwards or one batched"
+    )
+    gen.add_argument(
+        "--attention",
+        metavar="VARIANT",
+        help="attention kernel variant, e.g. sta (default: the card's; see `fv cards`)",
     )
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("-o", "--output", default="out.mp4", help="output .mp4 (or .png for one frame)")

@@ -7,6 +7,7 @@ the implementation together with a provenance record naming what will run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import torch
@@ -32,13 +33,14 @@ def select_kernel(
     op: str,
     variant: str,
     device: torch.device | str,
-    options: BaseModel | None = None,
+    options: BaseModel | Mapping[str, BaseModel] | None = None,
     fallback: str | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The kernel for ``op``/``variant`` on ``device`` and its provenance record.
 
-    ``options`` (the providing plugin's validated options) are bound when the
-    kernel has ``with_options``. When no kernel fits and ``fallback`` names a
+    ``options`` (the providing plugin's validated options, or validated options
+    by plugin name, of which the chosen kernel's plugin's are used) are bound
+    when the kernel has ``with_options``. When no kernel fits and ``fallback`` names a
     variant, that one is used and the record says why; otherwise the lookup
     error (which lists the variants) propagates.
     """
@@ -52,15 +54,17 @@ def select_kernel(
         reason = f"{variant!r} unavailable: {exc}"
         key, impl = lookup_kernel(registries.kernels, op, dev, arch, fallback)
     kernel_key = cast(tuple[str, str, str, str], key)
-    variant_used = kernel_key[3]
+    plugin = registries.kernels.plugin_of(key)
+    if isinstance(options, Mapping):
+        options = options.get(plugin)
     if options is not None and hasattr(impl, "with_options"):
         impl = impl.with_options(options)
     record = {
         "op": op,
         "requested": variant,
-        "variant": variant_used,
+        "variant": kernel_key[3],
         "key": list(kernel_key),
-        "plugin": registries.kernels.plugin_of(key),
+        "plugin": plugin,
         "device": dev,
         "arch": arch,
         "fallback_reason": reason,

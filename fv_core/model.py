@@ -7,15 +7,25 @@ and its embedded weights; the model plugin supplies them.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 from fv_core.card.spec import ModelCard
 from fv_core.errors import ConfigError
+from fv_core.kernels_select import select_kernel
 from fv_core.loop.contracts import Loop
 from fv_core.registry import resolve_lazy
 from fv_core.request.request import Request
+
+if TYPE_CHECKING:
+    from fv_core.plugins import PluginHost
+
+# op -> (implementation, provenance record), as ``select_kernel`` returns them
+Kernels = dict[str, tuple[Any, dict[str, Any]]]
 
 
 @dataclass
@@ -47,10 +57,38 @@ class LoadedModel:
         return self.loop(params.get("loop")), request, self.instance
 
 
+def resolve_kernels(
+    host: PluginHost,
+    card: ModelCard,
+    device: str = "cpu",
+    plugin_options: Mapping[str, BaseModel] | None = None,
+    requested: Mapping[str, str] | None = None,
+) -> Kernels:
+    """The card's kernels (``requested`` variants overriding, e.g. a deploy's) selected for ``device``.
+
+    ``plugin_options`` are validated options by plugin name; a kernel gets its
+    plugin's. A variant with no kernel for this device is an error listing the
+    variants there are.
+    """
+    chosen = {**card.kernels, **(requested or {})}
+    return {
+        op: select_kernel(host.registries, op, variant, device, options=plugin_options)
+        for op, variant in chosen.items()
+    }
+
+
 def load_model(
-    card: ModelCard, weights: str | Path | None = None, device: str = "cpu", plugin: str | None = None
+    card: ModelCard,
+    weights: str | Path | None = None,
+    device: str = "cpu",
+    plugin: str | None = None,
+    kernels: Kernels | None = None,
 ) -> LoadedModel:
-    """Materialize ``card`` on ``weights`` (its embedded weights when omitted)."""
+    """Materialize ``card`` on ``weights`` (its embedded weights when omitted).
+
+    ``kernels`` (from :func:`resolve_kernels`) reach the instance factory as its
+    ``kernels`` keyword; the instance runs them and reports them per result.
+    """
     if card.instance_factory is None:
         raise ConfigError(f"card {card.model_id!r} names no instance_factory; its plugin cannot load it.")
     if weights is None:
@@ -59,5 +97,6 @@ def load_model(
                 f"model {card.model_id!r} has no embedded weights. Fix: pass a weights folder (--weights DIR)."
             )
         weights = resolve_lazy(card.default_weights)()
-    instance = resolve_lazy(card.instance_factory)(card, weights, device)
+    extra = {} if kernels is None else {"kernels": kernels}
+    instance = resolve_lazy(card.instance_factory)(card, weights, device, **extra)
     return LoadedModel(card, instance, str(weights), plugin)

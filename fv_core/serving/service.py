@@ -22,7 +22,7 @@ import numpy as np
 from fv_core.deploy.card import DeploymentCard, ModelDeploy
 from fv_core.deploy.check import check_deploy, validate_plugin_options
 from fv_core.errors import AdmissionInfeasible, Cancelled, ConfigError, QueueFull
-from fv_core.model import LoadedModel, load_model
+from fv_core.model import LoadedModel, load_model, resolve_kernels
 from fv_core.plugins import PluginHost
 from fv_core.runtime import AsyncEngine, Budget, Engine
 from fv_core.serving.jobs import JobStore, new_job_id
@@ -87,12 +87,18 @@ class Service:
         if problems:
             raise ConfigError("the deployment is invalid:\n" + "\n".join(f"  - {p}" for p in problems))
         now = int(time.time())
-        return {
-            m.served_name: ServedModel(
-                m.served_name, m, load_model(self.host.card(m.card), m.weights, self.device), now
-            )
-            for m in self.deploy.models
+        return {m.served_name: ServedModel(m.served_name, m, self._load(m), now) for m in self.deploy.models}
+
+    def _load(self, m: ModelDeploy) -> LoadedModel:
+        """``m``'s card on its weights, running the kernels the deploy selects with their plugins' options."""
+        options = {
+            plugin: validate_plugin_options(self.host, self.deploy, plugin, raw)
+            for plugin, raw in self.deploy.plugin_options.items()
         }
+        card = self.host.card(m.card)
+        kernels = resolve_kernels(self.host, card, self.device, options, requested=m.kernels)
+        plugin = self.host.registries.cards.plugin_of(m.card)
+        return load_model(card, m.weights, self.device, plugin=plugin, kernels=kernels)
 
     def model(self, name: str | None) -> ServedModel:
         """A served model by name (default: the first deployed); unknown names answer 404."""

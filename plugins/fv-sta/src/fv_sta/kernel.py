@@ -109,6 +109,9 @@ class StaHopper:
     def with_options(self, options: StaOptions) -> StaHopper:
         return StaHopper(self.fallback.with_options(options))
 
+    def geometry(self, grid: Dims, card: str = ANY_CARD, **override: Any) -> StaWindow:
+        return self.fallback.geometry(grid, card, **override)
+
     def path(self, query: torch.Tensor, geometry: StaWindow, scale: float | None = None) -> KernelPath:
         reason = _st_attn_refusal(query, geometry, scale)
         if reason is None:

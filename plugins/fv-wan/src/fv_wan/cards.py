@@ -27,7 +27,9 @@ FASTWAN_TIMESTEPS = [1000, 757, 522]
 # Request defaults per card (the card schema has no field for them).
 DEFAULTS = {
     "wan2.1-t2v-tiny": dict(num_frames=5, height=32, width=32, steps=4, guidance=5.0, sampler="unipc"),
-    "wan2.1-t2v-shapes": dict(num_frames=9, height=64, width=64, steps=30, guidance=4.0, sampler="unipc"),
+    "wan2.1-t2v-shapes": dict(
+        num_frames=9, height=64, width=64, steps=30, guidance=4.0, sampler="unipc", max_sequence_length=16
+    ),  # captions are 6 tokens; trained with prompts padded to 16
     "wan2.1-t2v-1.3b": dict(num_frames=81, height=480, width=832, steps=50, guidance=5.0, sampler="unipc"),
     "wan2.1-t2v-14b": dict(num_frames=81, height=720, width=1280, steps=50, guidance=5.0, sampler="unipc"),
     "fastwan2.1-t2v-1.3b": dict(num_frames=81, height=480, width=832, steps=3, guidance=1.0, sampler="dmd"),
@@ -211,9 +213,8 @@ def fastwan_1_3b() -> ModelCard:
         max_frames=81,
         max_resolution=(480, 832),
         kv_capacity=8,
-        interceptors={
-            "step_skip"
-        },  # 3 distilled steps: each changes the latents too much to reuse a block span
+        # 3 distilled steps: each changes the latents too much to reuse a cached block span
+        interceptors={"step_skip"},
     )
 
 

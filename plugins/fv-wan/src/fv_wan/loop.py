@@ -58,10 +58,10 @@ def resolve_params(card, params: dict[str, Any], loop_id: str | None = None) -> 
     loop_id = loop_id or card.recipe.assumes_loop
     fallback = {**DEFAULTS["wan2.1-t2v-1.3b"], "sampler": card.loops[card.recipe.assumes_loop].samplers[0]}
     p = {
-        **DEFAULTS.get(card.model_id, fallback),
         "negative_prompt": "",
         "cfg_mode": "two_forward",
         "max_sequence_length": 512,
+        **DEFAULTS.get(card.model_id, fallback),  # a card may override the generic defaults above
         **{k: v for k, v in params.items() if v is not None},
     }
     if not isinstance(p.get("prompt"), str):
@@ -294,7 +294,7 @@ class WanLoop:
             "kv_cache_hits": v.get("kv_cache_hits", 0),
             "sampler": v.get("sampler"),
             "cfg": v["cfg_mode"] if v["cfg"] else "off",
-            "kernels": {"attention": "sdpa"},  # diffusers' default attention backend (torch SDPA)
+            "kernels": live_instance(v["instance"]).kernel_records(state.tensors.get("latents")),
         }
         if v["task"] == "encode_text":
             return LoopResult({"embeds": state.tensors["text"]}, metrics)

@@ -3,7 +3,9 @@
 Components load lazily, only when a request's task needs them (the card's
 ``required_for``), and are shared by every request on the instance. The
 instance also owns the text-embedding FeatureCache and each component's
-weights version, which scopes that cache.
+weights version, which scopes that cache, and the kernels it runs: an
+attention kernel resolved by the core (``kernels``) runs every block's
+self-attention and is reported, with the path each result took, in its metrics.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from fv_core import ConfigError, ModelCard
 from fv_core.cache import FeatureCache
+from fv_wan.attention import describe, grid_of, install
 from fv_wan.checkpoint import check_layout, load_component, load_scheduler_config, weights_fingerprint
 
 _IDS = itertools.count()
@@ -39,8 +42,15 @@ def live_instance(instance_id: str) -> WanModel:
 class WanModel:
     """Resident components of one card on one checkpoint (the ``instance`` Wan loops run against)."""
 
-    def __init__(self, card: ModelCard, weights: str | Path, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        card: ModelCard,
+        weights: str | Path,
+        device: str | torch.device = "cpu",
+        kernels: dict[str, tuple[Any, dict[str, Any]]] | None = None,
+    ):
         self.card = card
+        self.kernels = _check_kernels(card, kernels)  # op -> (impl, selection record); None: diffusers' SDPA
         self.weights = check_layout(weights)
         self.device = torch.device(device)
         self.dtype = getattr(torch, card.precision.default)
@@ -74,10 +84,24 @@ class WanModel:
             if name not in self._components:
                 spec = self.card.components[name]
                 module = load_component(self.weights, spec.subfolder or name, self.dtype)
-                self._components[name] = (
-                    module.to(self.device) if isinstance(module, torch.nn.Module) else module
-                )
+                if isinstance(module, torch.nn.Module):
+                    module = module.to(self.device)
+                if name == "transformer" and self.kernels is not None:
+                    install(module, self.kernels["attention"][0], self.card.model_id)
+                self._components[name] = module
             return self._components[name]
+
+    def kernel_records(self, latents: torch.Tensor | None = None) -> dict[str, Any]:
+        """The kernels that ran, for a result's provenance; with ``latents``, the attention call made at
+        their token grid (implementation path, geometry, any fallback reason)."""
+        if self.kernels is None:
+            return {"attention": "sdpa"}  # diffusers' own processor: torch SDPA
+        impl, record = self.kernels["attention"]
+        grid = None
+        if latents is not None:
+            grid = grid_of(latents, self.component("transformer").config.patch_size)
+        probe = torch.empty(0, dtype=self.dtype, device=self.device)
+        return {"attention": describe(impl, record, self.card.model_id, grid, probe)}
 
     def resident_bytes(self) -> int:
         """Bytes of the resident components' parameters and buffers (read by admission)."""
@@ -105,3 +129,23 @@ class WanModel:
         if component == "text_encoder":
             return dropped + self.kv_cache.invalidate()
         return dropped + self.kv_cache.invalidate(component=component, weights_version=old)
+
+
+def _check_kernels(
+    card: ModelCard, kernels: dict[str, tuple[Any, dict[str, Any]]] | None
+) -> dict[str, tuple[Any, dict[str, Any]]] | None:
+    """Wan runs an attention kernel only; without resolved kernels the card must ask for plain SDPA."""
+    if kernels is None:
+        variant = card.kernels.get("attention", "sdpa")
+        if variant != "sdpa":
+            raise ConfigError(
+                f"card {card.model_id!r} selects attention {variant!r}, but no kernels were resolved. "
+                "Fix: load it with fv_core.model.load_model(..., kernels=resolve_kernels(host, card))."
+            )
+        return None
+    if set(kernels) != {"attention"}:
+        raise ConfigError(
+            f"Wan runs an 'attention' kernel only; got kernels for {sorted(kernels)}. "
+            "Fix: select only 'attention' for Wan cards."
+        )
+    return dict(kernels)

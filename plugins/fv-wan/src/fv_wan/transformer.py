@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from fv_core.extend import BlockHook, drive_blocks
+from fv_wan.attention import token_grid
 
 # around_block(index, hidden, run) -> hidden; ``run(hidden)`` computes block ``index`` for real.
 AroundBlock = Callable[[int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
@@ -76,7 +77,9 @@ def block_forward(block, hidden: torch.Tensor, prep: Prepared, index: int) -> to
         6, 1
     )
     norm = (block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
-    hidden = (hidden.float() + block.attn1(norm, None, None, prep.rotary) * gate).type_as(hidden)
+    with token_grid(prep.grid):  # grid kernels (STA) on attn1 read it
+        attn = block.attn1(norm, None, None, prep.rotary)
+    hidden = (hidden.float() + attn * gate).type_as(hidden)
     norm = block.norm2(hidden.float()).type_as(hidden)
     hidden = hidden + cross_attention(block.attn2, norm, prep.kv[:, index])
     norm = (block.norm3(hidden.float()) * (1 + c_scale) + c_shift).type_as(hidden)
