@@ -7,7 +7,7 @@ compared before any weight is touched.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -131,7 +131,12 @@ class ModelCard(Spec):
     precision: PrecisionContract = Field(default_factory=PrecisionContract)
     kernels: dict[str, str] = Field(default_factory=dict)  # op -> selected variant (filled at assembly)
     default_weights: str | None = None  # "module:attr" that materializes embedded weights, returns a path
-    instance_factory: str | None = None  # "module:attr" called (card, weights, device) -> live model instance
+    instance_factory: str | None = (
+        None  # "module:attr" called (card, weights, device[, kernels=]) -> instance
+    )
+    defaults: dict[str, Any] = Field(
+        default_factory=dict
+    )  # request parameters used when the caller omits them
 
     def validate(self) -> ModelCard:  # type: ignore[override]
         """Check internal references; raise CardValidationError naming card, field and fix."""

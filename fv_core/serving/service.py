@@ -130,7 +130,7 @@ class Service:
         frames = body.num_frames
         if frames is None and body.seconds is not None:
             frames = round(body.seconds * body.fps) + 1
-        params = self._params(body, frames, width, height)
+        params = self._params(served, body, frames, width, height)
         loop, request, instance = self._job(served, params, _seed(body.seed), None)
         rid = await self._submit(loop, request, instance)
         job_id = new_job_id()
@@ -186,7 +186,7 @@ class Service:
                 "model",
             )
         width, height = parse_size(None if body.size == "auto" else body.size)
-        params = self._params(body, 1, width, height)
+        params = self._params(served, body, 1, width, height)
         seed = _seed(body.seed)
         rids: list[str] = []
         try:
@@ -224,16 +224,45 @@ class Service:
     # -- shared ---------------------------------------------------------------------------------------
 
     def _params(
-        self, body: GenerationExtras, frames: int | None, width: int | None, height: int | None
+        self,
+        served: ServedModel,
+        body: GenerationExtras,
+        frames: int | None,
+        width: int | None,
+        height: int | None,
     ) -> dict:
-        """Loop parameters after the deployment's limits and the plugin-option trust boundary."""
-        limits = self.deploy.limits
+        """Loop parameters after the deployment's limits and the plugin-option trust boundary.
+
+        Omitted values are checked as the card's defaults, which the loop will use."""
+        limits, defaults = self.deploy.limits, served.loaded.card.defaults
+
+        def or_default(given: Any, name: str) -> Any:
+            return defaults.get(name) if given is None else given
+
         checks = (
-            ("num_frames", frames, limits.max_frames, "max_frames", "fewer frames (or seconds)"),
-            ("width", width, limits.max_width, "max_width", "a smaller size"),
-            ("height", height, limits.max_height, "max_height", "a smaller size"),
-            ("num_inference_steps", body.num_inference_steps, limits.max_steps, "max_steps", "fewer steps"),
-            ("guidance_scale", body.guidance_scale, limits.max_guidance, "max_guidance", "a lower guidance"),
+            (
+                "num_frames",
+                or_default(frames, "num_frames"),
+                limits.max_frames,
+                "max_frames",
+                "fewer frames (or seconds)",
+            ),
+            ("width", or_default(width, "width"), limits.max_width, "max_width", "a smaller size"),
+            ("height", or_default(height, "height"), limits.max_height, "max_height", "a smaller size"),
+            (
+                "num_inference_steps",
+                or_default(body.num_inference_steps, "steps"),
+                limits.max_steps,
+                "max_steps",
+                "fewer steps",
+            ),
+            (
+                "guidance_scale",
+                or_default(body.guidance_scale, "guidance"),
+                limits.max_guidance,
+                "max_guidance",
+                "a lower guidance",
+            ),
         )
         for param, value, limit, rule, fix in checks:
             if value is not None and value > limit:

@@ -49,6 +49,16 @@ def test_over_limit_is_400_with_value_rule_fix(server, extra, param, words):
     assert all(w in err["message"] for w in words), err["message"]
 
 
+def test_omitted_values_are_checked_as_the_card_defaults(server, monkeypatch):
+    monkeypatch.setattr(server.service.deploy.limits, "max_frames", 3)  # the tiny card defaults to 5 frames
+    body = {"prompt": "a cat", "size": "32x32"}
+    err = error_of(httpx.post(f"{server.url}/v1/videos", json=body, headers=AUTH), 400)
+    assert (
+        err["param"] == "num_frames"
+        and "num_frames=5 exceeds this deployment's limit max_frames=3" in err["message"]
+    )
+
+
 def test_size_over_limit_and_card_rules(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.videos.create(prompt="a cat", size="4096x32")

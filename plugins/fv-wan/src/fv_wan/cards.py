@@ -81,6 +81,7 @@ def _card(
         model_id=model_id,
         family="wan",
         description=description,
+        defaults=DEFAULTS[model_id],
         components=_components(),
         loops=loops,
         recipe=recipe,
