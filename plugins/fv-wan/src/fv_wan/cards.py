@@ -157,12 +157,14 @@ def wan_shapes() -> ModelCard:
         "wan2.1-t2v-shapes",
         "Wan2.1 T2V architecture at tiny size, TRAINED (the embedded default that shows what you ask for): "
         "9 frames at 64x64 of one circle or square in red, orange, yellow, green, blue or purple moving "
-        "left, right, up or down on a dark background; prompt e.g. 'a red circle moving left'. Made with "
-        "fv-train-flow on synthetic clips: `fv train configs/shapes/vae.yaml` (AutoencoderKLWan, 2x2 "
-        "patchify, base_dim 24), then `fv train configs/shapes/flow.yaml` (a ~1.2M-parameter "
-        "WanTransformer3DModel and a 2-layer UMT5 trained jointly by flow matching; EMA weights), "
-        "all on 2 CPU cores. Some colour/shape/direction combinations were held out of training; "
-        "see bench/results/train_shapes.json for accuracy per attribute.",
+        "left, right, up or down on a dark background; prompt e.g. 'a red circle moving left'. Made by "
+        "fv-train-flow on synthetic clips (fv_train_flow.shapes) on 2 shared CPU cores in about an hour: "
+        "`fv train configs/shapes/vae.yaml` (AutoencoderKLWan, 2x2 patchify, 1.5M parameters), "
+        "`fv train configs/shapes/vae_decoder.yaml` (decoder-only finetune: the shipped vae/), then "
+        "`fv train configs/shapes/flow.yaml` (a 1.0M-parameter WanTransformer3DModel and an 83k-parameter "
+        "UMT5 trained jointly by flow matching; EMA weights; prompts padded to 16 tokens). Six "
+        "colour/shape/direction combinations were held out of training. Measured quality per attribute: "
+        "bench/results/train_shapes.json (the VAE rounds squares, so shape is the weakest).",
         StepCostModel(base_s=0.004, per_token_s=4e-6),
         max_frames=17,
         max_resolution=(128, 128),

@@ -1,0 +1,89 @@
+"""fv-cache-dit on Wan through the block seam: the gate, exactness at threshold 0, FastWan rejects it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import fv_cache_dit.plugin
+import fv_wan.plugin
+from fv_cache_dit import DBCache, FBCache, TaylorSeer
+from fv_core import ConfigError, PluginHost, Request
+from fv_core.deploy.card import parse_deploy
+from fv_core.deploy.check import check_deploy
+from fv_core.parity import compare_results
+from fv_core.runtime import Engine
+from fv_wan.cards import fastwan_1_3b, wan_tiny
+from fv_wan.loop import WanLoop
+from fv_wan.model import WanModel
+from fv_wan.tiny import tiny_weights
+
+PROMPTS = ["a cat running in the forest", "a red car in the city at night", "a boat on the lake"]
+BASE = dict(negative_prompt="blurry low quality", num_frames=5, height=32, width=32, steps=8, guidance=5.0)
+OPTS = dict(Fn_compute_blocks=1, Bn_compute_blocks=0, max_warmup_steps=2)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> WanModel:
+    return WanModel(wan_tiny(), tiny_weights(tmp_path_factory.mktemp("wan") / "tiny"))
+
+
+def wan_request(rid: str, i: int, **options) -> Request:
+    params = {**BASE, "prompt": PROMPTS[i % len(PROMPTS)], "plugin_options": {"fv-cache-dit": options}}
+    return Request(rid, task="text_to_video", params=params, seed=i)
+
+
+def test_interleaved_wan_requests_with_different_thresholds_equal_serial(model):
+    asks = [
+        dict(residual_diff_threshold=0.1),
+        dict(residual_diff_threshold=0.3, enable_taylorseer=True),
+        dict(residual_diff_threshold=0.6),
+    ]
+
+    def items():
+        return [(WanLoop(), wan_request(f"w{i}", i, **ask), model) for i, ask in enumerate(asks)]
+
+    with torch.no_grad():
+        serial = Engine(interceptors=[DBCache(**OPTS)]).run_serial(items())
+        interleaved = Engine(interceptors=[DBCache(**OPTS)]).run_interleaved(items())
+    report = compare_results(serial, interleaved, "interleave", tolerance=0.0)  # the gate's own check
+    assert report.ok and report.max_abs == 0.0, str(report)
+    stats = [r.metrics["cache_dit"] for r in interleaved if r is not None]
+    assert stats == [r.metrics["cache_dit"] for r in serial if r is not None]
+    assert set(stats[0]["branches"]) == {"cond", "uncond"}  # two-forward CFG: one cache per branch
+    assert all(s["computed"] + s["cached"] == 2 * BASE["steps"] for s in stats)
+    assert stats[2]["cached"] > stats[0]["cached"]  # a higher threshold caches more
+
+
+@pytest.mark.parametrize("cfg_mode", ["two_forward", "batched"])
+def test_threshold_zero_is_the_uncached_output(model, cfg_mode):
+    params = {**BASE, "prompt": PROMPTS[0], "cfg_mode": cfg_mode}
+    asked = {**params, "plugin_options": {"fv-cache-dit": {"residual_diff_threshold": 0.0}}}
+    with torch.no_grad():
+        plain = Engine().run_one(WanLoop(), Request("p", task="text_to_video", params=params), model)
+        zero = Engine(interceptors=[TaylorSeer(**OPTS)]).run_one(
+            WanLoop(), Request("z", task="text_to_video", params=asked), model
+        )
+    assert torch.equal(zero.outputs["frames"], plain.outputs["frames"])
+    stats = zero.metrics["cache_dit"]
+    assert (
+        stats["cached"] == 0 and stats["computed"] == (2 if cfg_mode == "two_forward" else 1) * BASE["steps"]
+    )
+
+
+def test_fastwan_card_rejects_block_skipping():
+    fastwan = SimpleNamespace(card=fastwan_1_3b())
+    with pytest.raises(ConfigError, match=r"card 'fastwan2.1-t2v-1.3b' rejects interceptor 'fbcache'.*dmd2"):
+        Engine(interceptors=[FBCache()]).run_one(WanLoop(), wan_request("f", 0), fastwan)
+    host = PluginHost(env={})
+    host.add(fv_wan.plugin, "fv-wan")
+    host.add(fv_cache_dit.plugin, "fv-cache-dit")
+    host = host.collect()
+    deploy = {"plugins": ["fv-wan", "fv-cache-dit"], "models": [{"card": "wan2.1-t2v-tiny"}]}
+    deploy["models"][0]["interceptors"] = ["dbcache"]
+    assert check_deploy(parse_deploy(deploy), host) == []
+    deploy["models"][0]["card"] = "fastwan2.1-t2v-1.3b"
+    [problem] = check_deploy(parse_deploy(deploy), host)
+    assert "rejects 'dbcache' (a block_skip interceptor)" in problem
