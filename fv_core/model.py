@@ -7,7 +7,7 @@ and its embedded weights; the model plugin supplies them.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ class LoadedModel:
     instance: Any  # live components, shared by every request
     weights: str  # checkpoint folder
     plugin: str | None = None  # distribution that registered the card (for provenance)
+    interceptors: tuple[Any, ...] = ()  # enabled interceptors, attached to every request
 
     def loop(self, loop_id: str | None = None) -> Loop:
         """A fresh loop object (loops are stateless; state lives in LoopState)."""
@@ -53,7 +54,13 @@ class LoadedModel:
                 f"model {self.card.model_id!r} does not serve task {task!r}; it serves "
                 f"{sorted(self.card.capabilities.tasks)}. Fix: ask for one of those."
             )
-        request = Request(request_id=uuid.uuid4().hex[:16], task=task, params=dict(params), seed=seed)
+        request = Request(
+            request_id=uuid.uuid4().hex[:16],
+            task=task,
+            params=dict(params),
+            seed=seed,
+            interceptors=self.interceptors,
+        )
         return self.loop(params.get("loop")), request, self.instance
 
 
@@ -77,12 +84,29 @@ def resolve_kernels(
     }
 
 
+def build_interceptors(
+    host: PluginHost, names: Sequence[str], plugin_options: Mapping[str, BaseModel] | None = None
+) -> tuple[Any, ...]:
+    """Interceptors by registered name, each made with its plugin's options (only the fields set)."""
+    built = []
+    for name in names:
+        plugin = host.registries.interceptors.plugin_of(name)
+        options = (plugin_options or {}).get(plugin)
+        built.append(
+            host.registries.interceptors.get(name)(
+                **(options.model_dump(exclude_unset=True) if options else {})
+            )
+        )
+    return tuple(built)
+
+
 def load_model(
     card: ModelCard,
     weights: str | Path | None = None,
     device: str = "cpu",
     plugin: str | None = None,
     kernels: Kernels | None = None,
+    interceptors: tuple[Any, ...] = (),
 ) -> LoadedModel:
     """Materialize ``card`` on ``weights`` (its embedded weights when omitted).
 
@@ -99,4 +123,4 @@ def load_model(
         weights = resolve_lazy(card.default_weights)()
     extra = {} if kernels is None else {"kernels": kernels}
     instance = resolve_lazy(card.instance_factory)(card, weights, device, **extra)
-    return LoadedModel(card, instance, str(weights), plugin)
+    return LoadedModel(card, instance, str(weights), plugin, interceptors)

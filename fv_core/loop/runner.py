@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fv_core.extend.seam import attach_block_hook, commit_block_hook, negotiate
@@ -55,7 +55,12 @@ class LoopRunner:
     def start(
         self, loop: Loop, request: Any, instance: Any, ctx: LoopContext, state: LoopState | None = None
     ) -> ActiveLoop:
-        """Negotiate interceptors with the card, initialise (or resume from ``state``), notify hooks."""
+        """Negotiate interceptors with the card, initialise (or resume from ``state``), notify hooks.
+
+        The request's own interceptors (those its model's deployment enabled) join the engine's."""
+        extra = tuple(getattr(request, "interceptors", ()))
+        if extra:
+            ctx = replace(ctx, interceptors=(*ctx.interceptors, *extra))
         card = getattr(instance, "card", None)
         if ctx.interceptors and card is not None:
             negotiate(card, ctx.interceptors)

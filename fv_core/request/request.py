@@ -17,3 +17,4 @@ class Request:
     seed: int = 0  # seeds the per-request generator in LoopState
     priority: int = 0  # higher is admitted first among waiting requests
     arrival_s: float = field(default_factory=time.monotonic)  # monotonic submit time (FIFO tie-break)
+    interceptors: tuple[Any, ...] = ()  # interceptors its model's deployment enabled (stateless objects)

@@ -30,6 +30,12 @@ class Metrics:
             "fv_admission_refusals", "Requests refused at admission", ["reason"], registry=r
         )
         self.jobs = Counter("fv_jobs", "Jobs finished, by model and outcome", ["model", "status"], registry=r)
+        self.cache_steps = Counter(
+            "fv_cache_steps",
+            "Transformer steps computed or served from a caching interceptor, per request summed",
+            ["model", "interceptor", "decision"],
+            registry=r,
+        )
         self.requests = Counter(
             "fv_generation_requests", "Generation requests accepted", ["model", "kind"], registry=r
         )
@@ -48,6 +54,13 @@ class Metrics:
             registry=r,
         )
         self._step_times: deque[float] = deque()
+
+    def cache_stats(self, model: str, result_metrics: dict) -> None:
+        """Count the steps each caching interceptor computed and cached (its summary in the result's metrics)."""
+        for summary in result_metrics.values():
+            if isinstance(summary, dict) and {"interceptor", "computed", "cached"} <= summary.keys():
+                for decision in ("computed", "cached"):
+                    self.cache_steps.labels(model, summary["interceptor"], decision).inc(summary[decision])
 
     def step(self, model: str) -> None:
         self.steps.labels(model).inc()

@@ -22,7 +22,7 @@ import numpy as np
 from fv_core.deploy.card import DeploymentCard, ModelDeploy
 from fv_core.deploy.check import check_deploy, validate_plugin_options
 from fv_core.errors import AdmissionInfeasible, Cancelled, ConfigError, QueueFull
-from fv_core.model import LoadedModel, load_model, resolve_kernels
+from fv_core.model import LoadedModel, build_interceptors, load_model, resolve_kernels
 from fv_core.plugins import PluginHost
 from fv_core.runtime import AsyncEngine, Budget, Engine
 from fv_core.serving.jobs import JobStore, new_job_id
@@ -97,8 +97,11 @@ class Service:
         }
         card = self.host.card(m.card)
         kernels = resolve_kernels(self.host, card, self.device, options, requested=m.kernels)
+        interceptors = build_interceptors(self.host, m.interceptors, options)
         plugin = self.host.registries.cards.plugin_of(m.card)
-        return load_model(card, m.weights, self.device, plugin=plugin, kernels=kernels)
+        return load_model(
+            card, m.weights, self.device, plugin=plugin, kernels=kernels, interceptors=interceptors
+        )
 
     def model(self, name: str | None) -> ServedModel:
         """A served model by name (default: the first deployed); unknown names answer 404."""
@@ -276,7 +279,9 @@ class Service:
         options: dict[str, Any] = {}
         for plugin, opts in body.plugin_options.items():
             try:
-                options[plugin] = validate_plugin_options(self.host, self.deploy, plugin, opts).model_dump()
+                options[plugin] = validate_plugin_options(self.host, self.deploy, plugin, opts).model_dump(
+                    exclude_unset=True
+                )
             except ConfigError as exc:
                 raise ApiError(400, str(exc), "invalid_plugin_options", "plugin_options") from None
         params = {
@@ -331,6 +336,7 @@ class Service:
                 last_step = event.step
                 on_progress(min(99, 100 * event.step // event.total) if event.total else 0)
             result = await self.engine.result(rid)
+            self.metrics.cache_stats(model, result.metrics)
         finally:
             (self.metrics.running if started else self.metrics.queued).dec()
         return result.outputs["frames"].detach().cpu().float().numpy()
