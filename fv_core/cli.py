@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fv_core.serving.cli import add_serve_parser  # imports FastAPI only when installed with [serve]
 
     add_serve_parser(sub)
+    commands = load_plugins().registries.commands
+    for name in sorted(str(k) for k in commands):
+        commands.get(name)(sub)  # plugin subcommands, e.g. `fv train` from fv-train-flow
     return parser
 
 

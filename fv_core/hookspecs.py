@@ -85,6 +85,16 @@ def fv_register_options(register: Register) -> None:
     """
 
 
+@hookspec
+def fv_register_commands(register: Register) -> None:
+    """Contribute ``fv`` subcommands.
+
+    :param register: call ``register(name, add_parser)`` where ``add_parser``
+        (a callable or lazy ``"module:attr"`` string) takes argparse's
+        subparsers, adds the ``name`` subcommand and sets its ``func``.
+    """
+
+
 HOOK_NAMES: tuple[str, ...] = tuple(
     name for name, value in list(globals().items()) if name.startswith("fv_register_") and callable(value)
 )

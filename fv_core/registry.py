@@ -111,7 +111,7 @@ def lookup_kernel(kernels: Registry, op: str, device: str, arch: str, variant: s
     )
 
 
-REGISTRY_NAMES = ("cards", "components", "kernels", "loops", "interceptors", "methods", "options")
+REGISTRY_NAMES = ("cards", "components", "kernels", "loops", "interceptors", "methods", "options", "commands")
 
 
 @dataclass
@@ -125,6 +125,7 @@ class Registries:
     interceptors: Registry = field(default_factory=lambda: Registry("interceptors"))
     methods: Registry = field(default_factory=lambda: Registry("methods"))
     options: Registry = field(default_factory=lambda: Registry("options"))
+    commands: Registry = field(default_factory=lambda: Registry("commands"))
 
     def all(self) -> dict[str, Registry]:
         return {name: getattr(self, name) for name in REGISTRY_NAMES}

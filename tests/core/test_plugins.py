@@ -1,3 +1,4 @@
+import argparse
 import subprocess
 import sys
 
@@ -49,6 +50,13 @@ class EverythingPlugin:
 
         register("everything", BaseModel)
 
+    @hookimpl
+    def fv_register_commands(self, register):
+        def add_hello(subparsers):
+            subparsers.add_parser("hello").set_defaults(func=lambda args: 0)
+
+        register("hello", add_hello)
+
 
 class BrokenRegistration:
     @hookimpl
@@ -72,8 +80,11 @@ def test_every_hook_fills_its_registry(host: PluginHost):
     assert ("attention", "cpu", "any", "naive") in regs.kernels
     assert "denoise-euler" in regs.loops and "fbcache" in regs.interceptors and "finetune" in regs.methods
     assert "everything" in regs.options
+    cli = argparse.ArgumentParser()
+    regs.commands.get("hello")(cli.add_subparsers())
+    assert cli.parse_args(["hello"]).func(None) == 0
     (info,) = [p for p in host.report() if p["name"] == "everything"]
-    assert len(info["hooks"]) == 7
+    assert len(info["hooks"]) == 8
     assert info["registered"]["cards"] == ["lazy-card"]
 
 

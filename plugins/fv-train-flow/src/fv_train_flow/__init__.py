@@ -1,0 +1,1 @@
+"""fv-train-flow: flow-matching training on the serve loops, plus the synthetic shapes benchmark."""

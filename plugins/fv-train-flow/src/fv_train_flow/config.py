@@ -1,0 +1,161 @@
+"""``fv train`` configuration: one YAML file, validated by pydantic with ``extra="forbid"``.
+
+The top level is method-independent (steps, batch, optimiser, logging, checkpoints); ``options``
+belongs to the method named by ``method`` and is validated by that method's own schema.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fv_core import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OptimConfig(_Strict):
+    """AdamW with linear warmup then constant or cosine decay, and grad-norm clipping."""
+
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(50, ge=0)
+    decay: Literal["constant", "cosine"] = "cosine"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine floor as a fraction of lr
+    grad_clip: float = Field(1.0, gt=0)
+
+
+class DataConfig(_Strict):
+    """The synthetic shapes stream (``fv_train_flow.shapes``); deterministic by seed and clip index."""
+
+    kind: Literal["shapes"] = "shapes"
+    seed: int = 0
+
+
+class TrainConfig(_Strict):
+    method: str  # a registered training method: "flow" or "vae"
+    output_dir: Path  # checkpoints, log.jsonl, loss.png; the final model goes to <output_dir>/final
+    seed: int = 0  # initialisation, timesteps, noise and caption dropout
+    steps: int = Field(gt=0)
+    batch_size: int = Field(8, gt=0)
+    threads: int = Field(1, gt=0)  # torch intra-op threads; 1 avoids oversubscription on shared CPUs
+    log_every: int = Field(10, gt=0)
+    eval_every: int = Field(200, gt=0)
+    checkpoint_every: int = Field(200, gt=0)
+    keep_checkpoints: int = Field(2, gt=0)
+    optim: OptimConfig = OptimConfig()
+    data: DataConfig = DataConfig()
+    options: dict[str, Any] = {}  # validated by the method's option schema
+
+
+# Patchify 2x2 and two downsamples: x8 space, x4 time with every conv at <= 32x32 (cheap on CPU).
+DEFAULT_VAE = dict(
+    base_dim=24,
+    z_dim=16,
+    dim_mult=[1, 2, 2],
+    num_res_blocks=1,
+    temperal_downsample=[True, True],
+    patch_size=2,
+    in_channels=12,
+    out_channels=12,
+)
+
+
+class VaeOptions(_Strict):
+    """Options of the ``vae`` method."""
+
+    vae: dict[str, Any] = DEFAULT_VAE  # AutoencoderKLWan config (z_dim must be 16 for Wan's transformer)
+    init: Path | None = None  # start from this trained vae/ folder instead of a fresh ``vae`` config
+    train_encoder: bool = (
+        True  # False: decoder-only finetuning; latents (and a transformer on them) stay valid
+    )
+    kl_weight: float = Field(1e-6, ge=0)
+    foreground_weight: float = Field(4.0, ge=0)  # extra loss weight on object pixels
+    eval_clips: int = Field(32, gt=0)  # clips of all combinations (held-out ones included) per eval
+    stats_clips: int = Field(256, gt=0)  # clips used to measure latents_mean / latents_std
+
+
+# The shapes model: ~1.2M-parameter Wan transformer, a 2-layer UMT5 (text_dim = d_model).
+DEFAULT_TRANSFORMER = dict(
+    patch_size=[1, 2, 2],
+    num_attention_heads=4,
+    attention_head_dim=32,
+    in_channels=16,
+    out_channels=16,
+    text_dim=64,
+    freq_dim=256,
+    ffn_dim=256,
+    num_layers=4,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+    rope_max_seq_len=1024,
+)
+DEFAULT_TEXT_ENCODER = dict(
+    d_model=64,
+    d_kv=16,
+    d_ff=128,
+    num_layers=2,
+    num_heads=4,
+    relative_attention_num_buckets=8,
+    dropout_rate=0.0,
+)
+
+
+class FlowOptions(_Strict):
+    """Options of the ``flow`` method (plain flow-matching training / finetuning of a Wan checkpoint)."""
+
+    vae: Path  # a trained diffusers ``vae/`` folder (from the ``vae`` method), frozen here
+    init_weights: Path | None = None  # finetune this checkpoint (diffusers layout) instead of a fresh init
+    transformer: dict[str, Any] = DEFAULT_TRANSFORMER  # WanTransformer3DModel config for a fresh init
+    text_encoder: dict[str, Any] = DEFAULT_TEXT_ENCODER  # UMT5 config for a fresh init
+    train_text_encoder: bool = True  # jointly train UMT5, else keep it frozen
+    shift: float = Field(3.0, gt=0)  # timestep shift sigma' = s*sigma / (1 + (s-1)*sigma), as the sampler
+    timestep_sampling: Literal["uniform", "logit_normal"] = "logit_normal"
+    caption_dropout: float = Field(0.1, ge=0, lt=1)  # empty-prompt rate, so CFG has an unconditional branch
+    ema_decay: float = Field(0.999, ge=0, lt=1)
+    ema_start: int = Field(100, ge=0)  # steps before the EMA starts tracking (it copies the student then)
+    max_sequence_length: int = Field(512, gt=0)  # as the serve loop pads prompts
+    eval_clips: int = Field(32, gt=0)  # held-out-combination clips for the validation loss
+    eval_samples: int = Field(12, ge=0)  # prompts sampled with the serve loop per eval (0: skip)
+    eval_steps: int = Field(8, gt=0)  # sampling steps for those
+    eval_card: str = "wan2.1-t2v-tiny"  # a Wan card whose loop serves these weights during evals
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read and validate a YAML config; relative ``output_dir`` and option paths resolve from the CWD."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read training config {str(path)!r}: {exc}") from exc
+    return validate(raw | (overrides or {}), source=str(path))
+
+
+def validate(raw: dict[str, Any], source: str = "config") -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, source)) from None
+
+
+def validate_options(schema: type[BaseModel], options: dict[str, Any], method: str) -> Any:
+    try:
+        return schema.model_validate(options)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, f"options of method {method!r}")) from None
+
+
+def _explain(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid {source}:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        got = f" (got {err['input']!r})" if err["type"] != "missing" else ""
+        lines.append(f"  {where}: {err['msg']}{got}")
+    lines.append("Fix: correct the fields above; unknown fields are rejected (extra='forbid').")
+    return "\n".join(lines)

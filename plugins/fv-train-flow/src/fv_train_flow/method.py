@@ -1,0 +1,292 @@
+"""The ``flow`` method: plain flow-matching training of a Wan checkpoint on the serve step bodies.
+
+Per step: encode clips with the frozen VAE (normalised as ``decode_body`` un-normalises), draw a
+shifted sigma per clip, noise ``x_t = (1 - s) x0 + s eps`` and regress the transformer's velocity on
+``eps - x0``. The text encoder and the transformer run through the very ``WorkPlan`` bodies the Wan
+loop serves with (``encode_body``, ``denoise_body``), executed under the train profile
+(``fv_core.training.train_body``): no second forward. Captions are dropped to "" at
+``caption_dropout`` so classifier-free guidance has an unconditional branch. Roles: the student is
+optimised (AdamW, grad clipping); an EMA copy is what evaluation and the export use.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import tempfile
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fv_core import ConfigError, Profile, WorkPlan, WorkUnitKind
+from fv_core.loop import run_plan
+from fv_core.training import Role, train_body
+from fv_train_flow import shapes
+from fv_train_flow.config import FlowOptions, TrainConfig, validate_options
+from fv_train_flow.trainer import load_optimizer, make_optimizer, save_optimizer, set_lr
+from fv_wan.loop import denoise_body, encode_body, text_kv_body
+from fv_wan.tiny import WAN_SCHEDULER_CONFIG
+
+TRAINED = ("transformer", "text_encoder")  # components the student role holds
+EVAL_SIGMAS = (0.2, 0.4, 0.6, 0.8, 0.95)  # fixed noise levels of the validation loss
+EVAL_GUIDANCE = 4.0  # CFG scale of the sampled evals
+
+
+class FlowMethod:
+    """Flow matching on a Wan checkpoint; see the module docstring."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        from diffusers import AutoencoderKLWan
+
+        self.cfg, self.opts = cfg, validate_options(FlowOptions, cfg.options, "flow")
+        if not (Path(self.opts.vae) / "config.json").is_file():
+            raise ConfigError(
+                f"options.vae={str(self.opts.vae)!r} is not a diffusers vae/ folder (no config.json). "
+                "Fix: train one first (fv train configs/shapes/vae.yaml) and point options.vae at <output_dir>/final/vae"
+            )
+        torch.manual_seed(cfg.seed)
+        self.vae = AutoencoderKLWan.from_pretrained(self.opts.vae).eval().requires_grad_(False)
+        self.tokenizer, student = build_student(self.opts)
+        self.roles: dict[Role, dict[str, torch.nn.Module]] = {Role.STUDENT: student}
+        if not self.opts.train_text_encoder:
+            student["text_encoder"].requires_grad_(False)
+        self.roles[Role.EMA] = {k: copy.deepcopy(m).requires_grad_(False) for k, m in student.items()}
+        self.opt = make_optimizer(self.trainable(), cfg.optim)
+        shape = (1, self.vae.config.z_dim, 1, 1, 1)
+        self.mean = torch.tensor(self.vae.config.latents_mean).view(shape)
+        self.inv_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape)
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for m in self.roles[Role.STUDENT].values() for p in m.parameters() if p.requires_grad]
+
+    # ---- the step ----
+
+    def step(self, step: int) -> dict[str, float]:
+        lr = set_lr(self.opt, self.cfg.optim, step, self.cfg.steps)
+        video, specs = shapes.batch(self.cfg.data.seed, step * self.cfg.batch_size, self.cfg.batch_size)
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)  # per step: resume is exact
+        drop = torch.rand(len(specs), generator=gen) < self.opts.caption_dropout
+        captions = ["" if d else s.caption for s, d in zip(specs, drop.tolist(), strict=True)]
+        sigma = shifted_sigmas(len(specs), self.opts, gen)
+        for module in self.roles[Role.STUDENT].values():
+            module.train()
+        loss = self.flow_loss(self.roles[Role.STUDENT], self.latents(video), captions, sigma, gen, train=True)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad = torch.nn.utils.clip_grad_norm_(self.trainable(), self.cfg.optim.grad_clip)
+        self.opt.step()
+        self.update_ema(step)
+        return {"loss": loss.item(), "grad_norm": grad.item(), "lr": lr}
+
+    def flow_loss(
+        self,
+        modules: dict[str, torch.nn.Module],
+        x0: torch.Tensor,
+        captions: list[str],
+        sigma: torch.Tensor,
+        gen: torch.Generator,
+        train: bool = False,
+    ) -> torch.Tensor:
+        """MSE between the predicted velocity at ``x_sigma`` and ``noise - x0`` (Wan's flow target);
+        ``train`` runs the bodies under the train profile (grad), else under the serve profile."""
+        noise = torch.randn(x0.shape, generator=gen)
+        s = sigma.view(-1, 1, 1, 1, 1)
+        noisy = (1 - s) * x0 + s * noise
+        text = self.encode(modules["text_encoder"], captions, train)
+        kv = _run(
+            _plan(WorkUnitKind.ENCODER_CHUNK, text_kv_body, modules["transformer"], {"text": text}), train
+        )
+        t = sigma * WAN_SCHEDULER_CONFIG["num_train_timesteps"]
+        inputs = {"latents": noisy, "timestep": t, "kv": kv["kv"]}
+        velocity = _run(
+            _plan(WorkUnitKind.DIFFUSION_STEP, denoise_body, modules["transformer"], inputs), train
+        )
+        return torch.nn.functional.mse_loss(velocity["velocity"], noise - x0)
+
+    def encode(self, text_encoder: torch.nn.Module, captions: list[str], train: bool) -> torch.Tensor:
+        """Prompt embeddings exactly as the serve loop builds them: padded to ``max_sequence_length``."""
+        enc = self.tokenizer(
+            captions,
+            padding="max_length",
+            max_length=self.opts.max_sequence_length,
+            truncation=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        inputs = {"input_ids": enc.input_ids, "mask": enc.attention_mask}
+        return _run(_plan(WorkUnitKind.ENCODER_CHUNK, encode_body, text_encoder, inputs), train)["embeds"]
+
+    @torch.no_grad()
+    def latents(self, video: torch.Tensor) -> torch.Tensor:
+        """VAE posterior means, normalised (``decode_body`` inverts this)."""
+        return (self.vae.encode(video).latent_dist.mode() - self.mean) * self.inv_std
+
+    @torch.no_grad()
+    def update_ema(self, step: int) -> None:
+        decay = 0.0 if step < self.opts.ema_start else self.opts.ema_decay
+        for name, student in self.roles[Role.STUDENT].items():
+            for e, s in zip(self.roles[Role.EMA][name].parameters(), student.parameters(), strict=True):
+                e.lerp_(s, 1 - decay)
+
+    # ---- evaluation ----
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Validation loss on held-out combinations at fixed sigmas, and (optionally) detector
+        accuracy of videos the EMA weights generate through the serve loop."""
+        ema = self.roles[Role.EMA]
+        for module in ema.values():
+            module.eval()
+        gen = torch.Generator().manual_seed(12345)
+        video, specs = shapes.batch(
+            self.cfg.data.seed + 7919, 0, self.opts.eval_clips, tuple(shapes.HELD_OUT)
+        )
+        x0, captions = self.latents(video), [s.caption for s in specs]
+        losses = {
+            f"val_loss@{s}": self.flow_loss(ema, x0, captions, torch.full((len(specs),), s), gen).item()
+            for s in EVAL_SIGMAS
+        }
+        metrics: dict[str, Any] = {"val_loss": sum(losses.values()) / len(losses), **losses}
+        if self.opts.eval_samples:
+            from fv_train_flow.eval import evaluate_folder
+
+            with tempfile.TemporaryDirectory() as tmp:
+                self.export(Path(tmp))
+                report = evaluate_folder(
+                    Path(tmp),
+                    self.opts.eval_samples,
+                    self.opts.eval_steps,
+                    EVAL_GUIDANCE,
+                    card=self.opts.eval_card,
+                    max_sequence_length=self.opts.max_sequence_length,  # as trained, whatever the card's
+                )
+            metrics.update({f"acc_{k}": v for k, v in report["all"].items() if k != "n"})
+        return metrics
+
+    # ---- checkpoints ----
+
+    def save(self, folder: Path) -> None:
+        """Student and EMA weights in the diffusers layout (``folder`` is itself a loadable model with
+        the EMA weights; ``folder/student`` holds the student) plus optimiser state."""
+        self.export(folder)
+        for name, module in self.roles[Role.STUDENT].items():
+            module.save_pretrained(folder / "student" / name, safe_serialization=True)
+        save_optimizer(self.opt, folder / "optimizer.safetensors")
+
+    def load(self, folder: Path) -> None:
+        for role, root in ((Role.STUDENT, folder / "student"), (Role.EMA, folder)):
+            for name, module in self.roles[role].items():
+                module.load_state_dict(_load(name, root / name).state_dict())
+        load_optimizer(self.opt, folder / "optimizer.safetensors")
+
+    def export(self, folder: Path) -> None:
+        """A complete Wan checkpoint (real diffusers layout) with the EMA weights and the frozen VAE."""
+        write_checkpoint(folder, self.roles[Role.EMA], self.tokenizer, Path(self.opts.vae))
+
+
+def shifted_sigmas(n: int, opts: FlowOptions, gen: torch.Generator) -> torch.Tensor:
+    """Noise levels in (0, 1): uniform or logit-normal, then Wan's flow shift (more weight on high noise)."""
+    u = (
+        torch.rand(n, generator=gen)
+        if opts.timestep_sampling == "uniform"
+        else torch.randn(n, generator=gen).sigmoid()
+    )
+    u = u.clamp(1e-3, 1 - 1e-3)
+    return opts.shift * u / (1 + (opts.shift - 1) * u)
+
+
+def build_student(opts: FlowOptions) -> tuple[Any, dict[str, torch.nn.Module]]:
+    """Tokenizer and trainable modules: loaded from ``init_weights`` or freshly initialised."""
+    from diffusers import WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    if opts.init_weights is not None:
+        root = Path(opts.init_weights)
+        return _load("tokenizer", root / "tokenizer"), {n: _load(n, root / n) for n in TRAINED}
+    tokenizer = shapes_tokenizer()
+    text_config = UMT5Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        **opts.text_encoder,
+    )
+    if opts.transformer.get("text_dim") != text_config.d_model:
+        raise ConfigError(
+            f"transformer.text_dim={opts.transformer.get('text_dim')} must equal text_encoder.d_model="
+            f"{text_config.d_model}. Fix: set them equal."
+        )
+    return tokenizer, {
+        "transformer": WanTransformer3DModel(**opts.transformer),
+        "text_encoder": UMT5EncoderModel(text_config),
+    }
+
+
+def shapes_tokenizer():
+    """A word-level tokenizer over the caption vocabulary, with T5's conventions (lowercase,
+    ``</s>`` appended; <pad>=0, </s>=1, <unk>=2)."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
+    for word in shapes.vocabulary():
+        vocab.setdefault(word, len(vocab))
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=512
+    )
+
+
+def write_checkpoint(folder: Path, modules: dict[str, torch.nn.Module], tokenizer: Any, vae: Path) -> None:
+    """model_index.json, transformer/, text_encoder/, tokenizer/, vae/ (copied), scheduler/."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, module in modules.items():
+        module.save_pretrained(folder / name, safe_serialization=True)
+    tokenizer.save_pretrained(folder / "tokenizer")
+    shutil.copytree(vae, folder / "vae", dirs_exist_ok=True)
+    (folder / "scheduler").mkdir(exist_ok=True)
+    (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps(WAN_SCHEDULER_CONFIG, indent=2))
+    model_index = {
+        "_class_name": "WanPipeline",
+        "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+        "text_encoder": ["transformers", "UMT5EncoderModel"],
+        "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+        "transformer": ["diffusers", "WanTransformer3DModel"],
+        "vae": ["diffusers", "AutoencoderKLWan"],
+    }
+    (folder / "model_index.json").write_text(json.dumps(model_index, indent=2))
+
+
+def _load(name: str, path: Path) -> Any:
+    """One component from its folder, with the loader the Wan plugin uses."""
+    if name == "tokenizer":
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    if name == "transformer":
+        from diffusers import WanTransformer3DModel
+
+        return WanTransformer3DModel.from_pretrained(path, use_safetensors=True)
+    from transformers import UMT5EncoderModel
+
+    return UMT5EncoderModel.from_pretrained(path, use_safetensors=True)
+
+
+def _plan(kind: WorkUnitKind, body: Any, module: torch.nn.Module, inputs: dict[str, Any]) -> WorkPlan:
+    """A plan of one of the Wan loop's own step bodies over ``module``."""
+    rows = next(v.shape[0] for v in inputs.values())
+    return WorkPlan(
+        kind=kind, body=partial(body, module), inputs=inputs, batch_size=rows, label=body.__name__
+    )
+
+
+def _run(plan: WorkPlan, train: bool) -> dict[str, Any]:
+    """The plan's outputs under the train profile (grad enabled) or the serve profile (no grad)."""
+    return train_body(plan) if train else run_plan(plan, Profile.SERVE).outputs

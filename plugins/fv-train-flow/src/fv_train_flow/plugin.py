@@ -1,0 +1,29 @@
+"""fv-train-flow's pluggy hooks: the ``flow`` and ``vae`` training methods, the option schema, and the
+``fv train`` / ``fv eval`` commands."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fv_core import hookimpl
+
+PLUGIN = "fv-train-flow"
+
+
+@hookimpl
+def fv_register_methods(register: Callable[..., None]) -> None:
+    register("flow", "fv_train_flow.method:FlowMethod")
+    register("vae", "fv_train_flow.vae:VaeMethod")
+
+
+@hookimpl
+def fv_register_options(register: Callable[..., None]) -> None:
+    from fv_train_flow.config import FlowOptions
+
+    register(PLUGIN, FlowOptions)
+
+
+@hookimpl
+def fv_register_commands(register: Callable[..., None]) -> None:
+    register("train", "fv_train_flow.cli:add_train_parser")
+    register("eval", "fv_train_flow.cli:add_eval_parser")

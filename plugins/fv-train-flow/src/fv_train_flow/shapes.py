@@ -1,0 +1,103 @@
+"""Synthetic shapes clips: one coloured circle or square moving in one direction on a plain background.
+
+Deterministic by seed and unlimited: clip ``i`` of seed ``s`` is always the same. Some
+(colour, shape, direction) combinations are held out of training so evaluation can measure
+generalisation to unseen captions, not only memorised ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+COLOURS: dict[str, tuple[float, float, float]] = {
+    "red": (0.95, 0.12, 0.12),
+    "orange": (1.0, 0.55, 0.05),
+    "yellow": (0.95, 0.92, 0.1),
+    "green": (0.1, 0.8, 0.2),
+    "blue": (0.15, 0.3, 1.0),
+    "purple": (0.6, 0.15, 0.85),
+}
+SHAPES = ("circle", "square")
+DIRECTIONS: dict[str, tuple[float, float]] = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
+BACKGROUND = (0.12, 0.12, 0.12)
+
+FRAMES, SIZE = 9, 64  # 4k+1 frames for Wan's VAE; a multiple of 16 pixels
+HALF = 9.0  # half the side of the square / the circle's radius, pixels
+TRAVEL = 24.0  # pixels moved from the first to the last frame
+
+# One held-out combination per colour: every word is still seen in training, in other combinations.
+HELD_OUT: frozenset[tuple[str, str, str]] = frozenset(
+    (colour, SHAPES[i % 2], tuple(DIRECTIONS)[(i + i // 2) % 4]) for i, colour in enumerate(COLOURS)
+)
+ALL_COMBOS: tuple[tuple[str, str, str], ...] = tuple(itertools.product(COLOURS, SHAPES, DIRECTIONS))
+TRAIN_COMBOS = tuple(c for c in ALL_COMBOS if c not in HELD_OUT)
+
+
+@dataclass(frozen=True, slots=True)
+class ClipSpec:
+    """What one clip shows."""
+
+    colour: str  # key of COLOURS
+    shape: str  # one of SHAPES
+    direction: str  # key of DIRECTIONS
+    start: tuple[float, float]  # (x, y) centre in the first frame, pixels
+
+    @property
+    def caption(self) -> str:
+        return caption(self.colour, self.shape, self.direction)
+
+
+def caption(colour: str, shape: str, direction: str) -> str:
+    return f"a {colour} {shape} moving {direction}"
+
+
+def vocabulary() -> list[str]:
+    """Every word a caption can contain."""
+    return ["a", "moving", *COLOURS, *SHAPES, *DIRECTIONS]
+
+
+def sample_spec(
+    generator: torch.Generator, combos: tuple[tuple[str, str, str], ...] = TRAIN_COMBOS
+) -> ClipSpec:
+    """A random clip among ``combos`` with a random start that keeps the whole path inside the frame."""
+    colour, shape, direction = combos[int(torch.randint(len(combos), (1,), generator=generator))]
+    dx, dy = DIRECTIONS[direction]
+    lo, hi = HALF + 1, SIZE - HALF - 1
+    u = torch.rand(2, generator=generator).tolist()
+    # Along the motion axis the start leaves room for TRAVEL; across it the range is the full frame.
+    x = lo + u[0] * (hi - lo - TRAVEL * abs(dx)) + (TRAVEL if dx < 0 else 0.0)
+    y = lo + u[1] * (hi - lo - TRAVEL * abs(dy)) + (TRAVEL if dy < 0 else 0.0)
+    return ClipSpec(colour, shape, direction, (x, y))
+
+
+def render(spec: ClipSpec) -> torch.Tensor:
+    """The clip as frames [F, H, W, 3] in 0..1, anti-aliased (one pixel of soft edge)."""
+    coords = torch.arange(SIZE, dtype=torch.float32) + 0.5
+    yy, xx = torch.meshgrid(coords, coords, indexing="ij")
+    dx, dy = DIRECTIONS[spec.direction]
+    colour, background = torch.tensor(COLOURS[spec.colour]), torch.tensor(BACKGROUND)
+    frames = []
+    for f in range(FRAMES):
+        step = TRAVEL * f / (FRAMES - 1)
+        cx, cy = spec.start[0] + dx * step, spec.start[1] + dy * step
+        if spec.shape == "circle":
+            dist = torch.sqrt((xx - cx) ** 2 + (yy - cy) ** 2)
+        else:
+            dist = torch.maximum((xx - cx).abs(), (yy - cy).abs())
+        alpha = (HALF - dist + 0.5).clamp(0, 1).unsqueeze(-1)
+        frames.append(alpha * colour + (1 - alpha) * background)
+    return torch.stack(frames)
+
+
+def batch(
+    seed: int, index: int, size: int, combos: tuple[tuple[str, str, str], ...] = TRAIN_COMBOS
+) -> tuple[torch.Tensor, list[ClipSpec]]:
+    """Clips ``index .. index+size`` of the stream ``seed``: video [B, 3, F, H, W] in -1..1 and specs."""
+    specs = [
+        sample_spec(torch.Generator().manual_seed(seed * 1_000_003 + index + i), combos) for i in range(size)
+    ]
+    video = torch.stack([render(s) for s in specs]).permute(0, 4, 1, 2, 3) * 2 - 1
+    return video, specs

@@ -1,0 +1,179 @@
+"""The method-independent training loop: steps, progress bar, JSON-lines log, checkpoints, resume.
+
+A method owns its modules and optimisers; the trainer owns time: when to log, evaluate,
+checkpoint and stop. Checkpoints are ``<output_dir>/checkpoint-<step>/`` folders the method writes
+(model weights in the real diffusers layout plus optimiser state in safetensors); the trainer adds
+``trainer_state.json``. Re-running the same config resumes from the newest one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from fv_train_flow.config import OptimConfig, TrainConfig
+
+
+class TrainMethod(Protocol):
+    """What ``fv train`` drives; built by a factory registered under ``fv_register_methods``."""
+
+    def step(self, step: int) -> dict[str, float]:
+        """One optimisation step; returns scalars to log (``loss`` at least)."""
+        ...
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out metrics, cheap enough to run every ``eval_every`` steps."""
+        ...
+
+    def save(self, folder: Path) -> None:
+        """Write a resumable checkpoint (weights in the real layout, optimiser state)."""
+        ...
+
+    def load(self, folder: Path) -> None:
+        """Restore what ``save`` wrote."""
+        ...
+
+    def export(self, folder: Path) -> None:
+        """Write the final, loadable model (EMA weights where the method keeps them)."""
+        ...
+
+
+def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[str, Any]:
+    """Run ``cfg.steps`` steps (resuming if a checkpoint exists); returns a summary.
+
+    Logged ``time_s`` and the summary's ``wall_s`` are cumulative over resumed segments."""
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    start, before = _resume(out, method)
+    log = (out / "log.jsonl").open("a")
+    t0, last = time.perf_counter(), {}
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train")
+    for step in bar:
+        scalars = method.step(step)
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            last = {"step": done, "time_s": round(before + time.perf_counter() - t0, 2), **scalars}
+            _write(log, last)
+            bar.set_postfix(loss=f"{scalars['loss']:.4f}")
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            _write(log, {"step": done, "eval": method.evaluate(done)})
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:  # the last one lets a longer run resume
+            _checkpoint(out, method, done, cfg.keep_checkpoints, before + time.perf_counter() - t0)
+            plot_loss(out / "log.jsonl", out / "loss.png")
+    log.close()
+    wall = before + time.perf_counter() - t0
+    method.export(out / "final")
+    plot_loss(out / "log.jsonl", out / "loss.png")
+    summary = {
+        "method": cfg.method,
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "resumed_from": start,
+        "wall_s": round(wall, 1),
+        "samples_per_s": round(cfg.steps * cfg.batch_size / wall, 2) if wall > 0 else None,
+        "last": last,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _write(log, record: dict[str, Any]) -> None:
+    log.write(json.dumps(record) + "\n")
+    log.flush()
+
+
+def _resume(out: Path, method: TrainMethod) -> tuple[int, float]:
+    """(step, wall seconds so far) of the newest checkpoint, loaded into ``method``; (0, 0) if none.
+    Log records past that step (written after the checkpoint, before a stop) are dropped."""
+    ckpts = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not ckpts:
+        return 0, 0.0
+    method.load(ckpts[-1])
+    state = json.loads((ckpts[-1] / "trainer_state.json").read_text())
+    log = out / "log.jsonl"
+    if log.is_file():
+        lines = [line for line in log.read_text().splitlines() if json.loads(line)["step"] <= state["step"]]
+        log.write_text("".join(line + "\n" for line in lines))
+    return state["step"], state["wall_s"]
+
+
+def _checkpoint(out: Path, method: TrainMethod, step: int, keep: int, wall_s: float) -> None:
+    staging = out / f".checkpoint-{step}"
+    shutil.rmtree(staging, ignore_errors=True)
+    method.save(staging)
+    (staging / "trainer_state.json").write_text(json.dumps({"step": step, "wall_s": round(wall_s, 2)}))
+    staging.rename(out / f"checkpoint-{step}")  # a crash mid-save never leaves a half checkpoint
+    ckpts = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    for old in ckpts[:-keep]:
+        shutil.rmtree(old)
+
+
+def plot_loss(log_path: Path, png: Path) -> None:
+    """Loss (and every other logged scalar starting with ``loss``) against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "loss" in r]
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key in sorted({k for r in rows for k in r if k.startswith("loss")}):
+        pts = [(r["step"], r[key]) for r in rows if key in r]
+        ax.plot(*zip(*pts, strict=True), label=key)
+    ax.set_xlabel("step")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+# ---- optimiser helpers shared by methods ----
+
+
+def make_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+
+def set_lr(opt: torch.optim.Optimizer, cfg: OptimConfig, step: int, total: int) -> float:
+    """Linear warmup, then constant or cosine decay to ``min_lr_ratio * lr``."""
+    if step < cfg.warmup_steps:
+        scale = (step + 1) / cfg.warmup_steps
+    elif cfg.decay == "cosine":
+        frac = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        scale = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+    else:
+        scale = 1.0
+    for group in opt.param_groups:
+        group["lr"] = cfg.lr * scale
+    return cfg.lr * scale
+
+
+def save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+    """AdamW state as safetensors (no pickle): ``<param index>.<name>`` tensors."""
+    tensors = {
+        f"{i}.{name}": value.detach().clone() if torch.is_tensor(value) else torch.tensor(value)
+        for i, state in opt.state_dict()["state"].items()
+        for name, value in state.items()
+    }
+    save_file(tensors, str(path))
+
+
+def load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in load_file(str(path)).items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})

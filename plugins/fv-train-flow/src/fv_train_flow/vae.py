@@ -1,0 +1,103 @@
+"""The ``vae`` method: train a (tiny) diffusers ``AutoencoderKLWan`` on shapes clips.
+
+The VAE has no serve step to share beyond encode/decode, so the module itself is trained:
+reconstruction MSE of the posterior mean (object pixels weighted up, the background dominates
+otherwise) plus a small KL. Decoding the mean rather than a sample keeps the start from collapsing
+to a background-only output while the encoder's signal is still below the posterior noise.
+The export sets ``latents_mean`` / ``latents_std`` to the per-channel statistics of the training
+latents, so the normalised latents the transformer sees have unit scale, exactly as Wan's
+pipeline and ``fv_wan.loop.decode_body`` use them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fv_train_flow import shapes
+from fv_train_flow.config import TrainConfig, VaeOptions, validate_options
+from fv_train_flow.detect import detect
+from fv_train_flow.trainer import load_optimizer, make_optimizer, save_optimizer, set_lr
+
+
+class VaeMethod:
+    """Reconstruction training of ``AutoencoderKLWan``; the exported folder is a diffusers ``vae/``."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        from diffusers import AutoencoderKLWan
+
+        self.cfg, self.opts = cfg, validate_options(VaeOptions, cfg.options, "vae")
+        torch.manual_seed(cfg.seed)
+        if self.opts.init is None:
+            self.vae = AutoencoderKLWan(**self.opts.vae)
+        else:
+            self.vae = AutoencoderKLWan.from_pretrained(self.opts.init)
+        if not self.opts.train_encoder:  # the latent space stays fixed: only the decoder learns
+            self.vae.encoder.requires_grad_(False)
+            self.vae.quant_conv.requires_grad_(False)
+        self.params = [p for p in self.vae.parameters() if p.requires_grad]
+        self.opt = make_optimizer(self.params, cfg.optim)
+
+    def step(self, step: int) -> dict[str, float]:
+        lr = set_lr(self.opt, self.cfg.optim, step, self.cfg.steps)
+        video, _ = shapes.batch(self.cfg.data.seed, step * self.cfg.batch_size, self.cfg.batch_size)
+        self.vae.train()
+        with torch.set_grad_enabled(self.opts.train_encoder):
+            posterior = self.vae.encode(video).latent_dist
+        recon = self.vae.decode(posterior.mode()).sample
+        weight = 1 + self.opts.foreground_weight * _foreground(video)
+        mse = (weight * (recon - video) ** 2).mean() / weight.mean()
+        kl = posterior.kl().mean() / video[0].numel()
+        loss = mse + self.opts.kl_weight * kl
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
+        self.opt.step()
+        return {
+            "loss": loss.item(),
+            "loss_mse": mse.item(),
+            "kl": kl.item(),
+            "grad_norm": grad.item(),
+            "lr": lr,
+        }
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Reconstruction error and detector accuracy on reconstructions of clips of every combination."""
+        self.vae.eval()
+        video, specs = shapes.batch(self.cfg.data.seed + 7919, 0, self.opts.eval_clips, shapes.ALL_COMBOS)
+        recon = self.vae.decode(self.vae.encode(video).latent_dist.mode()).sample.clamp(-1, 1)
+        frames = (recon.permute(0, 2, 3, 4, 1) + 1) / 2
+        hits = [detect(f).matches(s) for f, s in zip(frames, specs, strict=True)]
+        acc = {k: sum(h[k] for h in hits) / len(hits) for k in ("colour", "shape", "direction")}
+        return {"mse": ((recon - video) ** 2).mean().item(), **acc}
+
+    def save(self, folder: Path) -> None:
+        self.vae.save_pretrained(folder / "vae", safe_serialization=True)
+        save_optimizer(self.opt, folder / "optimizer.safetensors")
+
+    def load(self, folder: Path) -> None:
+        from diffusers import AutoencoderKLWan
+
+        self.vae.load_state_dict(AutoencoderKLWan.from_pretrained(folder / "vae").state_dict())
+        load_optimizer(self.opt, folder / "optimizer.safetensors")
+
+    @torch.no_grad()
+    def export(self, folder: Path) -> None:
+        """``folder/vae`` with latents_mean/std measured on training clips (unchanged when the encoder
+        was frozen: same encoder, same clips)."""
+        self.vae.eval()
+        latents = []
+        for i in range(0, self.opts.stats_clips, 32):
+            video, _ = shapes.batch(self.cfg.data.seed + 104729, i, 32)
+            latents.append(self.vae.encode(video).latent_dist.mode())
+        z = torch.cat(latents).transpose(0, 1).flatten(1)  # [C, N]
+        self.vae.register_to_config(latents_mean=z.mean(1).tolist(), latents_std=z.std(1).tolist())
+        self.vae.save_pretrained(folder / "vae", safe_serialization=True)
+
+
+def _foreground(video: torch.Tensor) -> torch.Tensor:
+    """1 on object pixels of video [B, 3, F, H, W] in -1..1, else 0."""
+    background = torch.tensor(shapes.BACKGROUND).view(1, 3, 1, 1, 1) * 2 - 1
+    return ((video - background).abs().amax(1, keepdim=True) > 0.1).float()

@@ -1,0 +1,22 @@
+"""fv-train-flow registers its methods, option schema and commands through the hooks."""
+
+from fv_core.plugins import PluginHost
+from fv_train_flow import plugin
+from fv_train_flow.config import FlowOptions
+from fv_train_flow.method import FlowMethod
+from fv_train_flow.vae import VaeMethod
+
+
+def test_methods_and_options_are_registered():
+    host = PluginHost({})
+    host.add(plugin, "fv-train-flow")
+    host.collect()
+    assert host.infos["fv-train-flow"].hooks == [
+        "fv_register_commands",
+        "fv_register_methods",
+        "fv_register_options",
+    ]
+    assert host.registries.methods.get("flow") is FlowMethod
+    assert host.registries.methods.get("vae") is VaeMethod
+    assert host.registries.options.get("fv-train-flow") is FlowOptions
+    assert {"train", "eval"} <= set(host.registries.commands)
