@@ -12,7 +12,6 @@ optimised (AdamW, grad clipping); an EMA copy is what evaluation and the export 
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import tempfile
 from functools import partial
@@ -28,7 +27,7 @@ from fv_train_flow import shapes
 from fv_train_flow.config import FlowOptions, TrainConfig, validate_options
 from fv_train_flow.trainer import load_optimizer, make_optimizer, save_optimizer, set_lr
 from fv_wan.loop import denoise_body, encode_body, text_kv_body
-from fv_wan.tiny import WAN_SCHEDULER_CONFIG
+from fv_wan.tiny import WAN_SCHEDULER_CONFIG, write_pipeline_files
 
 TRAINED = ("transformer", "text_encoder")  # components the student role holds
 EVAL_SIGMAS = (0.2, 0.4, 0.6, 0.8, 0.95)  # fixed noise levels of the validation loss
@@ -251,17 +250,7 @@ def write_checkpoint(folder: Path, modules: dict[str, torch.nn.Module], tokenize
         module.save_pretrained(folder / name, safe_serialization=True)
     tokenizer.save_pretrained(folder / "tokenizer")
     shutil.copytree(vae, folder / "vae", dirs_exist_ok=True)
-    (folder / "scheduler").mkdir(exist_ok=True)
-    (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps(WAN_SCHEDULER_CONFIG, indent=2))
-    model_index = {
-        "_class_name": "WanPipeline",
-        "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-        "text_encoder": ["transformers", "UMT5EncoderModel"],
-        "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-        "transformer": ["diffusers", "WanTransformer3DModel"],
-        "vae": ["diffusers", "AutoencoderKLWan"],
-    }
-    (folder / "model_index.json").write_text(json.dumps(model_index, indent=2))
+    write_pipeline_files(folder)
 
 
 def _load(name: str, path: Path) -> Any:

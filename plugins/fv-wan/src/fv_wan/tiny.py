@@ -136,7 +136,12 @@ def write_tiny_checkpoint(folder: Path, transformer: dict | None = None, seed: i
     vae.save_pretrained(folder / "vae", safe_serialization=True)
     text_encoder.save_pretrained(folder / "text_encoder", safe_serialization=True)
     _tiny_tokenizer(vocab).save_pretrained(folder / "tokenizer")
-    (folder / "scheduler").mkdir()
+    write_pipeline_files(folder)
+
+
+def write_pipeline_files(folder: Path) -> None:
+    """``scheduler/`` (Wan's UniPC config) and ``model_index.json`` of a diffusers WanPipeline folder."""
+    (folder / "scheduler").mkdir(exist_ok=True)
     (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps(WAN_SCHEDULER_CONFIG, indent=2))
     model_index = {
         "_class_name": "WanPipeline",
