@@ -1,5 +1,6 @@
 """fv: a model-native runtime for video, image, audio and omni diffusion models."""
 
+from fv_core.artifacts import VideoArtifact
 from fv_core.cache import CacheKey, FeatureCache, content_hash
 from fv_core.card import (
     CacheContract,
@@ -30,6 +31,7 @@ from fv_core.errors import (
     WeightsError,
 )
 from fv_core.extend import Observer, StepInterceptor, plugin_slot
+from fv_core.generate import generate_video
 from fv_core.hookspecs import hookimpl
 from fv_core.loop import LoopContext, LoopRunner
 from fv_core.loop.contracts import (
@@ -102,6 +104,7 @@ __all__ = [
     "StepsContract",
     "StreamEvent",
     "UnknownKeyError",
+    "VideoArtifact",
     "WeightsError",
     "WorkPlan",
     "WorkUnitKind",
@@ -109,6 +112,7 @@ __all__ = [
     "check_batched_parity",
     "check_loop_request",
     "content_hash",
+    "generate_video",
     "hookimpl",
     "load_deploy",
     "load_model",

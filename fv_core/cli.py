@@ -71,7 +71,7 @@ def parse_size(text: str) -> tuple[int, int]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from fv_core.generate import generate
+    from fv_core.generate import generate_video
     from fv_core.model import load_model, resolve_kernels
 
     host = load_plugins()
@@ -104,7 +104,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(step - bar.n)
 
-        video = generate(model, params, seed=args.seed, progress=progress)
+        video = generate_video(model, params, seed=args.seed, progress=progress)
     path = video.save(args.output)
     print(
         f"wrote {path} ({video.frames.shape[0]} frames, {video.frames.shape[2]}x{video.frames.shape[1]}) "

@@ -17,7 +17,7 @@ from fv_core.runtime.engine import Engine
 Progress = Callable[[int, int], None]
 
 
-def generate(
+def generate_video(
     model: LoadedModel, params: dict[str, Any], seed: int = 0, progress: Progress | None = None
 ) -> VideoArtifact:
     """Run one request through the engine; ``progress(step, total)`` is called after every step."""

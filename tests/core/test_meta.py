@@ -36,9 +36,10 @@ def test_public_api_is_pinned():
         "ParallelismContract", "ParityAligner", "ParitySpec", "PluginHost", "PluginLoadError",
         "PrecisionContract", "Profile", "Program", "QueueFull", "RecipeLoopMismatch", "RecipeSpec", "Request",
         "Stage", "StepCostModel", "StepInterceptor", "StepResult", "StepsContract", "StreamEvent",
-        "UnknownKeyError", "WeightsError", "WorkPlan", "WorkUnitKind", "assert_interleave_parity",
-        "check_batched_parity", "check_loop_request", "content_hash", "hookimpl", "load_deploy", "load_model",
-        "load_plugins", "lookup_kernel", "plugin_slot", "resolve_lazy",
+        "UnknownKeyError", "VideoArtifact", "WeightsError", "WorkPlan", "WorkUnitKind",
+        "assert_interleave_parity", "check_batched_parity", "check_loop_request", "content_hash",
+        "generate_video", "hookimpl", "load_deploy", "load_model", "load_plugins", "lookup_kernel",
+        "plugin_slot", "resolve_lazy",
     ]  # fmt: skip
     for name in fv_core.__all__:
         assert getattr(fv_core, name) is not None

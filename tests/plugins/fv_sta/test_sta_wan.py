@@ -7,9 +7,8 @@ import torch
 
 import fv_sta.plugin
 import fv_wan.plugin
-from fv_core import ConfigError, PluginHost, UnknownKeyError
+from fv_core import ConfigError, PluginHost, UnknownKeyError, generate_video
 from fv_core.deploy.card import parse_deploy
-from fv_core.generate import generate
 from fv_core.model import load_model, resolve_kernels
 from fv_core.serving.jobs import JobStore
 from fv_core.serving.metrics import Metrics
@@ -54,7 +53,7 @@ def velocity(model, seed=0):
 
 def test_wan_generation_with_sta_runs_end_to_end_and_names_the_kernel(host, weights):
     params = {"prompt": "a dog", "negative_prompt": "blurry", "steps": 2}
-    video = generate(load(host, weights, "sta"), params, seed=3)
+    video = generate_video(load(host, weights, "sta"), params, seed=3)
     assert video.frames.shape == (5, 32, 32, 3) and torch.isfinite(torch.from_numpy(video.frames)).all()
     attention = video.provenance["kernels"]["attention"]
     assert attention["variant"] == "sta" and attention["plugin"] == "fv-sta"
@@ -62,7 +61,7 @@ def test_wan_generation_with_sta_runs_end_to_end_and_names_the_kernel(host, weig
     call = attention["call"]  # 5 frames of 32x32 -> latents 2x4x4 -> tokens 2x2x2
     assert call["path"] == "flex-eager" and call["grid"] == (2, 2, 2)
     assert call["tile"] == TILE and call["window"] == (1, 1, 1)
-    dense = generate(load(host, weights), params, seed=3)
+    dense = generate_video(load(host, weights), params, seed=3)
     assert dense.provenance["kernels"]["attention"]["variant"] == "sdpa"
     assert (dense.frames != video.frames).any()  # each frame attended only to itself
 
@@ -113,6 +112,6 @@ def test_deploy_selects_sta_with_its_options(host, weights, tmp_path):
     store = JobStore(tmp_path)
     served = Service(deploy, host, store, Metrics())._load_models()[TINY]  # what the server's start loads
     store.close()
-    video = generate(served.loaded, {"prompt": "a cat", "steps": 1}, seed=1)
+    video = generate_video(served.loaded, {"prompt": "a cat", "steps": 1}, seed=1)
     call = video.provenance["kernels"]["attention"]["call"]
     assert call["path"] == "flex-eager" and call["window"] == (2, 1, 1)

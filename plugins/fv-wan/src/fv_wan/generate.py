@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fv_core import ModelCard, UnknownKeyError
-from fv_core.artifacts import VideoArtifact
-from fv_core.generate import generate as core_generate
-from fv_core.model import LoadedModel, load_model
+from fv_core import LoadedModel, ModelCard, UnknownKeyError, VideoArtifact, generate_video, load_model
 from fv_wan.cards import CARDS
 
 
@@ -58,4 +55,4 @@ def generate(
         cfg_mode=cfg_mode,
     )
     params = {k: v for k, v in params.items() if v is not None}
-    return core_generate(loaded, params, seed=seed, progress=progress)
+    return generate_video(loaded, params, seed=seed, progress=progress)

@@ -21,6 +21,7 @@ import torch
 
 from fv_core import (
     BatchKey,
+    CacheKey,
     ConfigError,
     Done,
     LoopResult,
@@ -31,7 +32,6 @@ from fv_core import (
     WorkUnitKind,
     check_loop_request,
 )
-from fv_core.cache import CacheKey
 from fv_core.extend import BLOCKS_INPUT
 from fv_wan.cards import DEFAULTS
 from fv_wan.model import live_instance
