@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from fv_core.errors import ConfigError
+
 
 @dataclass(slots=True)
 class VideoArtifact:
@@ -26,6 +28,11 @@ class VideoArtifact:
         path.parent.mkdir(parents=True, exist_ok=True)
         pixels = (np.clip(self.frames, 0, 1) * 255).round().astype(np.uint8)
         if path.suffix.lower() == ".png":
+            if len(pixels) != 1:
+                raise ConfigError(
+                    f"{path} is a .png, which holds one frame; this video has {len(pixels)}. "
+                    "Fix: write .mp4, or generate 1 frame."
+                )
             imageio.imwrite(path, pixels[0])
         else:
             imageio.mimwrite(path, list(pixels), fps=self.fps, codec="libx264", quality=8, macro_block_size=1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 
 from fv_core.artifacts import VideoArtifact
 from fv_core.model import LoadedModel
+from fv_core.plugins import dist_version
 from fv_core.runtime.engine import Engine
 
 Progress = Callable[[int, int], None]
@@ -59,12 +59,5 @@ def provenance(
         "kernels": metrics.get("kernels", card.kernels),
         "metrics": metrics,
         "seconds": round(seconds, 4),
-        "versions": {name: _version(name) for name in packages},
+        "versions": {name: dist_version(name) for name in packages},
     }
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None

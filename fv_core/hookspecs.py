@@ -22,8 +22,9 @@ def fv_register_cards(register: Register) -> None:
     """Contribute model cards.
 
     :param register: call ``register(card)`` with a ``ModelCard``, or with a
-        zero-argument callable (or lazy ``"module:attr"`` string) returning one;
-        the card's ``model_id`` is its key.
+        zero-argument callable (or lazy ``"module:attr"`` string) returning one
+        (the card's ``model_id`` is its key); or ``register(model_id, factory)``
+        to key it without building the card.
     """
 
 

@@ -16,8 +16,6 @@ from pydantic import BaseModel
 from fv_core.errors import UnknownKeyError
 from fv_core.registry import ANY, Registries, lookup_kernel
 
-DEFAULT_VARIANT = "sdpa"
-
 
 def device_arch(device: torch.device | str) -> tuple[str, str]:
     """``(device type, arch)``: ``("cuda", "sm90")`` on a Hopper GPU, ``(type, "any")`` elsewhere."""

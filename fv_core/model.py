@@ -35,7 +35,7 @@ class LoadedModel:
     card: ModelCard  # the assembled card
     instance: Any  # live components, shared by every request
     weights: str  # checkpoint folder
-    plugin: str | None = None  # distribution that registered the card (for provenance)
+    plugin: str | None = None  # plugin that registered the card; its distribution version goes in provenance
     interceptors: tuple[Any, ...] = ()  # enabled interceptors, attached to every request
 
     def loop(self, loop_id: str | None = None) -> Loop:

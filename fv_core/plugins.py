@@ -27,13 +27,11 @@ import pluggy
 
 from fv_core import hookspecs
 from fv_core.card.spec import ModelCard
-from fv_core.errors import ConfigError, DuplicateKeyError
+from fv_core.errors import ConfigError
 from fv_core.registry import Registries, resolve_lazy
 
 ENTRY_POINT_GROUP = "fv.plugins"
 BUILTIN_PLUGIN = "fv-core"
-
-hookimpl = hookspecs.hookimpl
 
 
 @dataclass
@@ -83,7 +81,7 @@ class PluginHost:
         self._collected: set[str] = set()
         from fv_core import builtin
 
-        self.add(builtin, BUILTIN_PLUGIN, distribution="fv-core", version=_dist_version("fv-core"))
+        self.add(builtin, BUILTIN_PLUGIN, distribution="fv-core", version=dist_version("fv-core"))
 
     # -- discovery ---------------------------------------------------------
     def allowed(self, name: str) -> bool:
@@ -152,7 +150,7 @@ class PluginHost:
             for registry_name, key, value in staged:
                 getattr(self.registries, registry_name).register(key, value, plugin_name)
                 done.append((registry_name, key))
-        except DuplicateKeyError:
+        except Exception:  # a duplicate or a bad key: a skipped plugin contributes nothing
             for registry_name, key in done:  # roll back: a skipped plugin contributes nothing
                 del getattr(self.registries, registry_name).entries[key]
             raise
@@ -238,7 +236,7 @@ def _card_entry(*args: Any) -> tuple[str, Any]:
     return card.model_id, card
 
 
-def _dist_version(name: str) -> str | None:
+def dist_version(name: str) -> str | None:
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

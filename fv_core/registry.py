@@ -82,9 +82,6 @@ class Registry:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def by_plugin(self, plugin: str) -> list[Hashable]:
-        return [k for k, e in self.entries.items() if e.plugin == plugin]
-
 
 ANY = "any"
 
@@ -126,6 +123,3 @@ class Registries:
     methods: Registry = field(default_factory=lambda: Registry("methods"))
     options: Registry = field(default_factory=lambda: Registry("options"))
     commands: Registry = field(default_factory=lambda: Registry("commands"))
-
-    def all(self) -> dict[str, Registry]:
-        return {name: getattr(self, name) for name in REGISTRY_NAMES}

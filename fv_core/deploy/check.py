@@ -9,14 +9,14 @@ from pydantic import BaseModel, ValidationError
 from fv_core.card.assemble import assemble_card, interceptor_kind
 from fv_core.deploy.card import DeploymentCard
 from fv_core.errors import ConfigError
+from fv_core.kernels_select import device_arch
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
 from fv_core.registry import lookup_kernel
 
 
-def check_deploy(
-    deploy: DeploymentCard, host: PluginHost, device: str = "cpu", arch: str = "any"
-) -> list[str]:
-    """Every problem of ``deploy`` against the loaded plugins (empty: valid)."""
+def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") -> list[str]:
+    """Every problem of ``deploy`` against the loaded plugins on ``device`` (empty: valid)."""
+    device, arch = device_arch(device)
     problems: list[str] = []
 
     def attempt(fn: Any, *args: Any) -> None:

@@ -7,10 +7,14 @@ import os
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from fv_core.errors import ConfigError
+
+    try:
+        import uvicorn
+    except ImportError:
+        raise ConfigError("fv serve needs the serve extra. Fix: pip install 'fv-core[serve]'") from None
 
     from fv_core.deploy import check_deploy, load_deploy
-    from fv_core.errors import ConfigError
     from fv_core.plugins import load_plugins
     from fv_core.serving.app import create_app
 

@@ -65,6 +65,16 @@ class BrokenRegistration:
         raise RuntimeError("weights index corrupt")
 
 
+class UnhashableKernelKey:
+    @hookimpl
+    def fv_register_cards(self, register):
+        register(make_card("registered-before-the-bad-key"))
+
+    @hookimpl
+    def fv_register_kernels(self, register):
+        register({"op": "attention"}, "x:y")  # a dict cannot be a registry key
+
+
 class MisspeltHook:
     @hookimpl
     def fv_register_card(self, register):  # missing "s": must fail loudly
@@ -96,6 +106,14 @@ def test_broken_registration_is_isolated_and_rolled_back(host: PluginHost):
     assert "half-registered" not in host.registries.cards
     (err,) = host.errors
     assert err.plugin == "broken" and err.stage == "register" and "weights index corrupt" in err.error
+
+
+def test_bad_key_rolls_back_everything_the_plugin_registered(host: PluginHost):
+    host.add(UnhashableKernelKey(), "bad-key")
+    host.collect()
+    assert "registered-before-the-bad-key" not in host.registries.cards
+    (err,) = host.errors
+    assert err.plugin == "bad-key" and "unhashable" in err.error
 
 
 def test_duplicate_card_skips_second_plugin_naming_both(host: PluginHost):

@@ -66,17 +66,3 @@ def cmd_eval(args: argparse.Namespace) -> int:
         Path(args.output).write_text(text + "\n")
     print(text)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m fv_train_flow.cli train|eval ...`` until the core ``fv`` command mounts these."""
-    parser = argparse.ArgumentParser(prog="fv")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_train_parser(sub)
-    add_eval_parser(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
