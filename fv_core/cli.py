@@ -7,8 +7,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from fv_core.errors import FvError, UnknownKeyError
-from fv_core.plugins import load_plugins
+from fv_core.errors import ConfigError, FvError, UnknownKeyError
+from fv_core.plugins import PluginHost, load_plugins
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -20,6 +20,8 @@ def cmd_cards(args: argparse.Namespace) -> int:
     from fv_core.card.assemble import describe_card
 
     host = load_plugins()
+    if args.deploy:
+        return _deploy_kernels(host, args.deploy, args.device, args.json)
     cards = [describe_card(host.registries, str(k)) for k in sorted(host.registries.cards, key=str)]
     if args.json:
         print(json.dumps(cards, indent=2, default=str))
@@ -38,6 +40,36 @@ def cmd_cards(args: argparse.Namespace) -> int:
         )
         print(f"  kernels: {c['kernels']}   available: {c['kernels_available']}")
         print(f"  interceptors available: {', '.join(c['interceptors_available']) or 'none'}")
+    return 0
+
+
+def _deploy_kernels(host: PluginHost, path: str, device: str, as_json: bool) -> int:
+    """The kernels each model of the deploy file at ``path`` runs on ``device``."""
+    from fv_core.deploy import check_deploy, deploy_plugin_options, load_deploy
+    from fv_core.model import resolve_kernels
+
+    deploy = load_deploy(path)
+    problems = check_deploy(deploy, host, device)
+    if problems:
+        raise ConfigError(f"{path} is invalid:\n" + "\n".join(f"  - {p}" for p in problems))
+    options = deploy_plugin_options(host, deploy)
+    selected = {
+        m.served_name: {
+            op: record
+            for op, (_, record) in resolve_kernels(
+                host, host.card(m.card), device, options, m.kernels
+            ).items()
+        }
+        for m in deploy.models
+    }
+    if as_json:
+        print(json.dumps(selected, indent=2))
+        return 0
+    for name, kernels in selected.items():
+        print(f"{name}  (deploy {path}, device {device})")
+        for op, r in kernels.items():
+            fallback = f"   fallback: {r['fallback_reason']}" if r["fallback_reason"] else ""
+            print(f"  {op}: {r['variant']} from {r['plugin']}, key {tuple(r['key'])}{fallback}")
     return 0
 
 
@@ -119,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("plugins", help="list discovered plugins as JSON").set_defaults(func=cmd_plugins)
     cards = sub.add_parser("cards", help="list assembled model cards")
     cards.add_argument("--json", action="store_true", help="print JSON")
+    cards.add_argument("--deploy", metavar="FILE", help="show the kernels this deploy file selects per model")
+    cards.add_argument("--device", default="cpu", help="device the --deploy selection is for (default: cpu)")
     cards.set_defaults(func=cmd_cards)
     validate = sub.add_parser("validate", help="validate a deploy file against what is installed")
     validate.add_argument("deploy_file")

@@ -92,3 +92,11 @@ def validate_plugin_options(
             f"options for plugin {plugin!r}: {where}: {err['msg']}; got {err.get('input')!r}. "
             f"Allowed options: {sorted(schema.model_fields)}."
         ) from None
+
+
+def deploy_plugin_options(host: PluginHost, deploy: DeploymentCard) -> dict[str, BaseModel]:
+    """Every plugin's options in ``deploy``, validated, by plugin name."""
+    return {
+        plugin: validate_plugin_options(host, deploy, plugin, raw)
+        for plugin, raw in deploy.plugin_options.items()
+    }

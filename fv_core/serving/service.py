@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fv_core.deploy.card import DeploymentCard, ModelDeploy
-from fv_core.deploy.check import check_deploy, validate_plugin_options
+from fv_core.deploy.check import check_deploy, deploy_plugin_options, validate_plugin_options
 from fv_core.errors import AdmissionInfeasible, Cancelled, ConfigError, QueueFull
 from fv_core.model import LoadedModel, build_interceptors, load_model, resolve_kernels
 from fv_core.plugins import PluginHost
@@ -91,10 +91,7 @@ class Service:
 
     def _load(self, m: ModelDeploy) -> LoadedModel:
         """``m``'s card on its weights, running the kernels the deploy selects with their plugins' options."""
-        options = {
-            plugin: validate_plugin_options(self.host, self.deploy, plugin, raw)
-            for plugin, raw in self.deploy.plugin_options.items()
-        }
+        options = deploy_plugin_options(self.host, self.deploy)
         card = self.host.card(m.card)
         kernels = resolve_kernels(self.host, card, self.device, options, requested=m.kernels)
         interceptors = build_interceptors(self.host, m.interceptors, options)

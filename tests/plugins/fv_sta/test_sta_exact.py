@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fv_sta.kernel import StaFlex
+from fv_sta.kernel import StaFlex, StaGather
 from fv_sta.options import StaOptions
 from fv_sta.tiles import TileLayout, from_tiles, to_tiles
 
@@ -40,10 +40,11 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("kernel", [EAGER, StaGather()], ids=["flex-eager", "gather"])
 @pytest.mark.parametrize(("grid", "tile", "window"), CASES)
-def test_eager_matches_dense_mask(grid, tile, window):
+def test_matches_dense_mask(kernel, grid, tile, window):
     q, k, v = qkv(grid)
-    out = EAGER(q, k, v, grid=grid, tile=tile, window=window)
+    out = kernel(q, k, v, grid=grid, tile=tile, window=window)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=sta_dense_mask(grid, tile, window))
     assert (out - ref).abs().max() <= 1e-5
 
@@ -57,12 +58,13 @@ def test_compiled_matches_dense_mask_with_padding_and_sub_blocks():
     assert (out - ref).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("kernel", [EAGER, StaGather()], ids=["flex-eager", "gather"])
 @pytest.mark.parametrize("grid", [(4, 8, 8), (3, 5, 7)])
-def test_whole_grid_window_is_dense_attention(grid):
+def test_whole_grid_window_is_dense_attention(kernel, grid):
     tile = (2, 4, 4)
     window = TileLayout(grid, tile, (1, 1, 1)).tiles
     q, k, v = qkv(grid)
-    out = EAGER(q, k, v, grid=grid, tile=tile, window=window, scale=0.3)
+    out = kernel(q, k, v, grid=grid, tile=tile, window=window, scale=0.3)
     assert (out - F.scaled_dot_product_attention(q, k, v, scale=0.3)).abs().max() <= 1e-5
 
 
@@ -89,3 +91,15 @@ def test_masked_or_causal_calls_are_rejected():
         EAGER(q, k, v, is_causal=True, grid=(2, 4, 4))
     with pytest.raises(ValueError, match="grid"):
         EAGER(q, k, v, grid=(2, 4, 5))
+
+
+def test_gather_chunks_the_windows_without_changing_the_result(monkeypatch):
+    """A small chunk budget splits the 18 query tiles into chunks of 4 and a short last one."""
+    import fv_sta.gather
+
+    grid, tile, window = (5, 7, 9), (2, 4, 4), (2, 1, 2)
+    q, k, v = qkv(grid)
+    whole = StaGather()(q, k, v, grid=grid, tile=tile, window=window)
+    per_tile = 2 * (2 * 2 * 4 * 32 * 16) * 4  # keys + values of one window, batch 2, 2 heads, fp32
+    monkeypatch.setattr(fv_sta.gather, "CHUNK_BYTES", 4 * per_tile)
+    assert torch.equal(StaGather()(q, k, v, grid=grid, tile=tile, window=window), whole)

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 import fv_sta.plugin
 from fv_core import PluginHost, UnknownKeyError
 from fv_core.kernels_select import select_kernel
-from fv_sta.kernel import StaFlex, StaHopper
+from fv_sta.kernel import StaFlex, StaGather, StaHopper
 from fv_sta.options import StaOptions, StaWindow
 
 
@@ -23,6 +23,8 @@ def host() -> PluginHost:
 def test_registers_kernels_and_options(host):
     kernels = host.registries.kernels
     assert kernels.plugin_of(("attention", "any", "any", "sta")) == "fv-sta"
+    assert isinstance(kernels.get(("attention", "any", "any", "sta")), StaFlex)
+    assert isinstance(kernels.get(("attention", "cpu", "any", "sta")), StaGather)
     assert isinstance(kernels.get(("attention", "cuda", "sm90", "sta")), StaHopper)
     assert host.registries.options.get("fv-sta") is StaOptions
 
@@ -30,8 +32,8 @@ def test_registers_kernels_and_options(host):
 def test_select_on_cpu_binds_options_and_records_provenance(host):
     options = StaOptions(compile=False, windows=[StaWindow(grid=(4, 8, 8), tile=(2, 4, 4), window=(1, 1, 1))])
     impl, record = select_kernel(host.registries, "attention", "sta", "cpu", options=options)
-    assert isinstance(impl, StaFlex) and impl.options is options
-    assert record["key"] == ["attention", "any", "any", "sta"] and record["plugin"] == "fv-sta"
+    assert isinstance(impl, StaGather) and impl.options is options
+    assert record["key"] == ["attention", "cpu", "any", "sta"] and record["plugin"] == "fv-sta"
     assert record["fallback_reason"] is None
     assert impl.geometry((4, 8, 8)).window == (1, 1, 1)
 

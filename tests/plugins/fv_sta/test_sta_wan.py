@@ -35,7 +35,7 @@ def weights(tmp_path_factory) -> str:
 
 
 def sta_options(window) -> dict[str, StaOptions]:
-    return {"fv-sta": StaOptions(compile=False, windows=[StaWindow(tile=TILE, window=window)])}
+    return {"fv-sta": StaOptions(windows=[StaWindow(tile=TILE, window=window)])}
 
 
 def load(host, weights, variant="sdpa", window=(1, 1, 1)):
@@ -57,9 +57,9 @@ def test_wan_generation_with_sta_runs_end_to_end_and_names_the_kernel(host, weig
     assert video.frames.shape == (5, 32, 32, 3) and torch.isfinite(torch.from_numpy(video.frames)).all()
     attention = video.provenance["kernels"]["attention"]
     assert attention["variant"] == "sta" and attention["plugin"] == "fv-sta"
-    assert attention["key"] == ["attention", "any", "any", "sta"] and attention["fallback_reason"] is None
+    assert attention["key"] == ["attention", "cpu", "any", "sta"] and attention["fallback_reason"] is None
     call = attention["call"]  # 5 frames of 32x32 -> latents 2x4x4 -> tokens 2x2x2
-    assert call["path"] == "flex-eager" and call["grid"] == (2, 2, 2)
+    assert call["path"] == "gather" and call["grid"] == (2, 2, 2)
     assert call["tile"] == TILE and call["window"] == (1, 1, 1)
     dense = generate_video(load(host, weights), params, seed=3)
     assert dense.provenance["kernels"]["attention"]["variant"] == "sdpa"
@@ -105,7 +105,7 @@ def test_deploy_selects_sta_with_its_options(host, weights, tmp_path):
         {
             "plugins": ["fv-wan", "fv-sta"],
             "models": [{"card": TINY, "weights": weights, "kernels": {"attention": "sta"}}],
-            "plugin_options": {"fv-sta": {"compile": False, "windows": [window]}},
+            "plugin_options": {"fv-sta": {"windows": [window]}},
             "data_dir": str(tmp_path),
         }
     )
@@ -114,4 +114,24 @@ def test_deploy_selects_sta_with_its_options(host, weights, tmp_path):
     store.close()
     video = generate_video(served.loaded, {"prompt": "a cat", "steps": 1}, seed=1)
     call = video.provenance["kernels"]["attention"]["call"]
-    assert call["path"] == "flex-eager" and call["window"] == (2, 1, 1)
+    assert call["path"] == "gather" and call["window"] == (2, 1, 1)
+
+
+def test_fv_cards_shows_the_kernels_a_deploy_selects(weights, tmp_path, capsys):
+    import json
+
+    from fv_core.cli import main
+
+    deploy = tmp_path / "deploy.json"
+    models = [
+        {"card": TINY, "weights": weights, "kernels": {"attention": "sta"}},
+        {"card": TINY, "weights": weights, "name": "dense"},
+    ]
+    deploy.write_text(json.dumps({"plugins": ["fv-wan", "fv-sta"], "models": models}))
+    assert main(["cards", "--deploy", str(deploy)]) == 0
+    out = capsys.readouterr().out
+    assert "attention: sta from fv-sta, key ('attention', 'cpu', 'any', 'sta')" in out
+    assert "attention: sdpa from fv-core" in out.split("dense")[1]
+    deploy.write_text(json.dumps({"plugins": ["fv-wan"], "models": models[:1]}))  # fv-sta not enabled
+    assert main(["cards", "--deploy", str(deploy)]) == 2
+    assert "fv-sta" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """The STA attention kernels registered for ``("attention", ..., "sta")``.
 
-Both take the core attention signature plus the token ``grid`` (and the ``card``
+All take the core attention signature plus the token ``grid`` (and the ``card``
 id, to pick the configured window); inputs and output are ``[B, heads, T*H*W, D]``
 in grid order. ``tile``/``window``/``block_size`` override the options.
 ``path`` says, before running, which implementation a call uses and why.
@@ -12,11 +12,12 @@ import dataclasses
 import importlib
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import torch
 
 from fv_sta.flex import flex_sta
+from fv_sta.gather import gather_sta
 from fv_sta.options import ANY_CARD, StaOptions, StaWindow
 from fv_sta.tiles import Dims, TileLayout, from_tiles, to_tiles
 
@@ -29,7 +30,7 @@ ST_ATTN_GRIDS: frozenset[Dims] = frozenset({(30, 48, 80), (36, 48, 48), (18, 48,
 class KernelPath:
     """The implementation one call runs, for provenance."""
 
-    name: str  # "flex" (compiled flex_attention), "flex-eager" or "st-attn"
+    name: str  # "gather" (CPU), "flex" (compiled flex_attention), "flex-eager" or "st-attn"
     geometry: StaWindow  # grid, tile, window and block size used
     reason: str | None = None  # why a faster path was not taken; None when nothing was refused
 
@@ -59,13 +60,13 @@ def _check_call(attn_mask: torch.Tensor | None, is_causal: bool, query: torch.Te
         )
 
 
-@dataclass(frozen=True, slots=True)
-class StaFlex:
-    """STA on ``flex_attention`` (compiled unless the options say otherwise): any device."""
+@dataclass(frozen=True)
+class _StaKernel:
+    """What the STA kernels share: options, geometry and the tile reordering around ``_attend``."""
 
     options: StaOptions = StaOptions()
 
-    def with_options(self, options: StaOptions) -> StaFlex:
+    def with_options(self, options: StaOptions) -> Self:
         return dataclasses.replace(self, options=options)
 
     def geometry(self, grid: Dims, card: str = ANY_CARD, **override: Any) -> StaWindow:
@@ -73,9 +74,6 @@ class StaFlex:
         chosen = self.options.window_for(card, tuple(grid))  # type: ignore[arg-type]
         fields = {k: v for k, v in override.items() if v is not None}
         return StaWindow(**{**chosen.model_dump(), "grid": tuple(grid), **fields})
-
-    def path(self, query: torch.Tensor, geometry: StaWindow, scale: float | None = None) -> KernelPath:
-        return KernelPath("flex" if self.options.compile else "flex-eager", geometry)
 
     def __call__(
         self,
@@ -96,8 +94,56 @@ class StaFlex:
         g = self.geometry(grid, card, tile=tile, window=window, block_size=block_size)
         layout = TileLayout(tuple(grid), g.tile, g.window)  # type: ignore[arg-type]
         q, k, v = (to_tiles(t, layout) for t in (query, key, value))
-        out = flex_sta(q, k, v, layout, g.block_size or layout.tile_volume, scale, self.options.compile)
-        return from_tiles(out, layout)
+        return from_tiles(self._attend(q, k, v, layout, g, scale), layout)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: TileLayout,
+        g: StaWindow,
+        scale: float | None,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class StaFlex(_StaKernel):
+    """STA on ``flex_attention`` (compiled unless the options say otherwise): any device."""
+
+    def path(self, query: torch.Tensor, geometry: StaWindow, scale: float | None = None) -> KernelPath:
+        return KernelPath("flex" if self.options.compile else "flex-eager", geometry)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: TileLayout,
+        g: StaWindow,
+        scale: float | None,
+    ) -> torch.Tensor:
+        return flex_sta(q, k, v, layout, g.block_size or layout.tile_volume, scale, self.options.compile)
+
+
+@dataclass(frozen=True)
+class StaGather(_StaKernel):
+    """STA as SDPA over each query tile's gathered window: the CPU kernel (no compile, no block mask)."""
+
+    def path(self, query: torch.Tensor, geometry: StaWindow, scale: float | None = None) -> KernelPath:
+        return KernelPath("gather", geometry)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: TileLayout,
+        g: StaWindow,
+        scale: float | None,
+    ) -> torch.Tensor:
+        return gather_sta(q, k, v, layout, scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,4 +219,5 @@ def _st_attn_refusal(query: torch.Tensor, geometry: StaWindow, scale: float | No
 
 
 sta_flex = StaFlex()
+sta_gather = StaGather()
 sta_hopper = StaHopper()

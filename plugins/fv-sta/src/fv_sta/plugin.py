@@ -12,6 +12,7 @@ PLUGIN = "fv-sta"
 @hookimpl
 def fv_register_kernels(register: Callable[..., None]) -> None:
     register(("attention", "any", "any", "sta"), "fv_sta.kernel:sta_flex")
+    register(("attention", "cpu", "any", "sta"), "fv_sta.kernel:sta_gather")
     register(("attention", "cuda", "sm90", "sta"), "fv_sta.kernel:sta_hopper")
 
 
