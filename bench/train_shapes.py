@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--steps", default="4,8,30")
     parser.add_argument("--guidance", default="1,4")
-    parser.add_argument("--samplers", default="unipc")
+    parser.add_argument("--samplers", default="unipc,euler")
     args = parser.parse_args()
     torch.set_num_threads(1)
     RESULTS.mkdir(exist_ok=True)

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fv_core import ConfigError
+from fv_train_flow import shapes
 
 
 class _Strict(BaseModel):
@@ -76,6 +77,10 @@ class VaeOptions(_Strict):
         True  # False: decoder-only finetuning; latents (and a transformer on them) stay valid
     )
     kl_weight: float = Field(1e-6, ge=0)
+    # 0: train on whole clips. N: on N x N crops (a multiple of 16) around the middle of the object's
+    # path, so a step's pixels are mostly object edges rather than background; evals use whole clips.
+    crop: int = Field(0, ge=0, le=shapes.SIZE, multiple_of=16)
+    bf16: bool = False  # run the training forward under bfloat16 autocast (weights and optimiser stay fp32)
     foreground_weight: float = Field(4.0, ge=0)  # extra loss weight on object pixels
     eval_clips: int = Field(32, gt=0)  # clips of all combinations (held-out ones included) per eval
     stats_clips: int = Field(256, gt=0)  # clips used to measure latents_mean / latents_std
@@ -116,6 +121,9 @@ class FlowOptions(_Strict):
     transformer: dict[str, Any] = DEFAULT_TRANSFORMER  # WanTransformer3DModel config for a fresh init
     text_encoder: dict[str, Any] = DEFAULT_TEXT_ENCODER  # UMT5 config for a fresh init
     train_text_encoder: bool = True  # jointly train UMT5, else keep it frozen
+    # 0: encode every batch's clips with the VAE (an unlimited stream). N: encode the stream's first N
+    # clips once (cached in output_dir) and draw each batch from them; the VAE encode dominates a step.
+    latent_pool: int = Field(0, ge=0)
     shift: float = Field(3.0, gt=0)  # timestep shift sigma' = s*sigma / (1 + (s-1)*sigma), as the sampler
     timestep_sampling: Literal["uniform", "logit_normal"] = "logit_normal"
     caption_dropout: float = Field(0.1, ge=0, lt=1)  # empty-prompt rate, so CFG has an unconditional branch

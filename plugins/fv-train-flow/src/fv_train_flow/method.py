@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from fv_core import ConfigError, Profile, WorkPlan, WorkUnitKind
 from fv_core.loop import run_plan
@@ -54,6 +56,7 @@ class FlowMethod:
             student["text_encoder"].requires_grad_(False)
         self.roles[Role.EMA] = {k: copy.deepcopy(m).requires_grad_(False) for k, m in student.items()}
         self.opt = make_optimizer(self.trainable(), cfg.optim)
+        self._pool: tuple[torch.Tensor, list[str]] | None = None
         shape = (1, self.vae.config.z_dim, 1, 1, 1)
         self.mean = torch.tensor(self.vae.config.latents_mean).view(shape)
         self.inv_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape)
@@ -65,20 +68,49 @@ class FlowMethod:
 
     def step(self, step: int) -> dict[str, float]:
         lr = set_lr(self.opt, self.cfg.optim, step, self.cfg.steps)
-        video, specs = shapes.batch(self.cfg.data.seed, step * self.cfg.batch_size, self.cfg.batch_size)
+        x0, clip_captions = self.clips(step)
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)  # per step: resume is exact
-        drop = torch.rand(len(specs), generator=gen) < self.opts.caption_dropout
-        captions = ["" if d else s.caption for s, d in zip(specs, drop.tolist(), strict=True)]
-        sigma = shifted_sigmas(len(specs), self.opts, gen)
+        drop = torch.rand(len(clip_captions), generator=gen) < self.opts.caption_dropout
+        captions = ["" if d else c for c, d in zip(clip_captions, drop.tolist(), strict=True)]
+        sigma = shifted_sigmas(len(captions), self.opts, gen)
         for module in self.roles[Role.STUDENT].values():
             module.train()
-        loss = self.flow_loss(self.roles[Role.STUDENT], self.latents(video), captions, sigma, gen, train=True)
+        loss = self.flow_loss(self.roles[Role.STUDENT], x0, captions, sigma, gen, train=True)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         grad = torch.nn.utils.clip_grad_norm_(self.trainable(), self.cfg.optim.grad_clip)
         self.opt.step()
         self.update_ema(step)
         return {"loss": loss.item(), "grad_norm": grad.item(), "lr": lr}
+
+    def clips(self, step: int) -> tuple[torch.Tensor, list[str]]:
+        """Step ``step``'s normalised latents and captions: the stream's next clips, or a draw from
+        the latent pool."""
+        size, seed = self.cfg.batch_size, self.cfg.data.seed
+        if not self.opts.latent_pool:
+            video, specs = shapes.batch(seed, step * size, size)
+            return self.latents(video), [s.caption for s in specs]
+        if self._pool is None:
+            self._pool = self.latent_pool()
+        latents, captions = self._pool
+        picks = torch.randint(len(captions), (size,), generator=torch.Generator().manual_seed(seed + step))
+        return latents[picks], [captions[i] for i in picks.tolist()]
+
+    def latent_pool(self) -> tuple[torch.Tensor, list[str]]:
+        """Latents and captions of the stream's first ``latent_pool`` clips, encoded once and cached."""
+        n, seed = self.opts.latent_pool, self.cfg.data.seed
+        path = Path(self.cfg.output_dir) / "latent_pool.safetensors"
+        key = {"clips": str(n), "seed": str(seed), "vae": str(Path(self.opts.vae).resolve())}
+        captions = [s.caption for s in shapes.stream_specs(seed, 0, n)]
+        if path.is_file():
+            with safe_open(path, "pt") as f:
+                if f.metadata() == key:
+                    return f.get_tensor("latents"), captions
+        chunks = [self.latents(shapes.batch(seed, i, min(64, n - i))[0]) for i in range(0, n, 64)]
+        latents = torch.cat(chunks)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({"latents": latents}, path, metadata=key)
+        return latents, captions
 
     def flow_loss(
         self,

@@ -92,12 +92,19 @@ def render(spec: ClipSpec) -> torch.Tensor:
     return torch.stack(frames)
 
 
+def stream_specs(
+    seed: int, index: int, size: int, combos: tuple[tuple[str, str, str], ...] = TRAIN_COMBOS
+) -> list[ClipSpec]:
+    """What clips ``index .. index+size`` of the stream ``seed`` show, without rendering them."""
+    return [
+        sample_spec(torch.Generator().manual_seed(seed * 1_000_003 + index + i), combos) for i in range(size)
+    ]
+
+
 def batch(
     seed: int, index: int, size: int, combos: tuple[tuple[str, str, str], ...] = TRAIN_COMBOS
 ) -> tuple[torch.Tensor, list[ClipSpec]]:
     """Clips ``index .. index+size`` of the stream ``seed``: video [B, 3, F, H, W] in -1..1 and specs."""
-    specs = [
-        sample_spec(torch.Generator().manual_seed(seed * 1_000_003 + index + i), combos) for i in range(size)
-    ]
+    specs = stream_specs(seed, index, size, combos)
     video = torch.stack([render(s) for s in specs]).permute(0, 4, 1, 2, 3) * 2 - 1
     return video, specs
