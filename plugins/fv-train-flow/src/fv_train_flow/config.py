@@ -13,7 +13,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fv_core import ConfigError
-from fv_train_flow import shapes
 
 
 class _Strict(BaseModel):
@@ -77,9 +76,6 @@ class VaeOptions(_Strict):
         True  # False: decoder-only finetuning; latents (and a transformer on them) stay valid
     )
     kl_weight: float = Field(1e-6, ge=0)
-    # 0: train on whole clips. N: on N x N crops (a multiple of 16) around the middle of the object's
-    # path, so a step's pixels are mostly object edges rather than background; evals use whole clips.
-    crop: int = Field(0, ge=0, le=shapes.SIZE, multiple_of=16)
     bf16: bool = False  # run the training forward under bfloat16 autocast (weights and optimiser stay fp32)
     foreground_weight: float = Field(4.0, ge=0)  # extra loss weight on object pixels
     eval_clips: int = Field(32, gt=0)  # clips of all combinations (held-out ones included) per eval

@@ -41,9 +41,7 @@ class VaeMethod:
 
     def step(self, step: int) -> dict[str, float]:
         lr = set_lr(self.opt, self.cfg.optim, step, self.cfg.steps)
-        video, specs = shapes.batch(self.cfg.data.seed, step * self.cfg.batch_size, self.cfg.batch_size)
-        if self.opts.crop:
-            video = path_crops(video, specs, self.opts.crop)
+        video, _ = shapes.batch(self.cfg.data.seed, step * self.cfg.batch_size, self.cfg.batch_size)
         self.vae.train()
         with torch.autocast("cpu", torch.bfloat16, enabled=self.opts.bf16):
             with torch.set_grad_enabled(self.opts.train_encoder):
@@ -104,15 +102,3 @@ def _foreground(video: torch.Tensor) -> torch.Tensor:
     """1 on object pixels of video [B, 3, F, H, W] in -1..1, else 0."""
     background = torch.tensor(shapes.BACKGROUND).view(1, 3, 1, 1, 1) * 2 - 1
     return ((video - background).abs().amax(1, keepdim=True) > 0.1).float()
-
-
-def path_crops(video: torch.Tensor, specs: list[shapes.ClipSpec], size: int) -> torch.Tensor:
-    """``size`` x ``size`` crops of video [B, 3, F, H, W], each around the middle of its object's path,
-    on the 8-pixel grid of the VAE's latents."""
-    crops = []
-    for clip, spec in zip(video, specs, strict=True):
-        dx, dy = shapes.DIRECTIONS[spec.direction]
-        middle = (spec.start[0] + dx * shapes.TRAVEL / 2, spec.start[1] + dy * shapes.TRAVEL / 2)
-        x, y = (min(max(round((c - size / 2) / 8) * 8, 0), shapes.SIZE - size) for c in middle)
-        crops.append(clip[..., y : y + size, x : x + size])
-    return torch.stack(crops)
