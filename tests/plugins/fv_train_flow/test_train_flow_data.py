@@ -1,5 +1,7 @@
 """Training data and precision: the flow method's latent pool, the VAE method under bf16 autocast."""
 
+import shutil
+
 import torch
 from train_flow_support import TINY_VAE, flow_config
 
@@ -24,6 +26,21 @@ def test_latent_pool_holds_the_streams_first_clips_and_is_reused(vae_dir, tmp_pa
     again = FlowMethod(cfg)  # a resumed run reads the cached pool instead of encoding again
     again.latents = None  # type: ignore[assignment]  # would fail if called
     assert torch.equal(again.clips(step=3)[0], latents)
+
+
+def test_latent_pool_is_encoded_again_for_a_retrained_vae(vae_dir, tmp_path):
+    from diffusers import AutoencoderKLWan
+
+    vae = tmp_path / "vae"
+    shutil.copytree(vae_dir, vae)
+    cfg = validate(flow_config(tmp_path / "run", vae, steps=1))
+    cfg.options["latent_pool"] = 3
+    before = FlowMethod(cfg).clips(step=0)[0]
+    retrained = AutoencoderKLWan.from_pretrained(vae)
+    with torch.no_grad():
+        retrained.quant_conv.bias.add_(1.0)
+    retrained.save_pretrained(vae, safe_serialization=True)
+    assert not torch.equal(FlowMethod(cfg).clips(step=0)[0], before)
 
 
 def test_vae_trains_under_bf16_autocast(tmp_path):

@@ -12,6 +12,7 @@ optimised (AdamW, grad clipping); an EMA copy is what evaluation and the export 
 from __future__ import annotations
 
 import copy
+import hashlib
 import shutil
 import tempfile
 from functools import partial
@@ -100,7 +101,9 @@ class FlowMethod:
         """Latents and captions of the stream's first ``latent_pool`` clips, encoded once and cached."""
         n, seed = self.opts.latent_pool, self.cfg.data.seed
         path = Path(self.cfg.output_dir) / "latent_pool.safetensors"
-        key = {"clips": str(n), "seed": str(seed), "vae": str(Path(self.opts.vae).resolve())}
+        weights = sorted(Path(self.opts.vae).glob("*.safetensors"))  # a retrained VAE invalidates the pool
+        vae_hash = hashlib.sha256(b"".join(p.read_bytes() for p in weights)).hexdigest()
+        key = {"clips": str(n), "seed": str(seed), "vae_sha256": vae_hash}
         captions = [s.caption for s in shapes.stream_specs(seed, 0, n)]
         if path.is_file():
             with safe_open(path, "pt") as f:

@@ -25,7 +25,7 @@ DIRECTIONS: dict[str, tuple[float, float]] = {"left": (-1, 0), "right": (1, 0), 
 BACKGROUND = (0.12, 0.12, 0.12)
 
 FRAMES, SIZE = 9, 64  # 4k+1 frames for Wan's VAE; a multiple of 16 pixels
-HALF = 9.0  # half the side of the square / the circle's radius, pixels
+HALF = 12.0  # half the side of the square / the circle's radius, pixels
 TRAVEL = 24.0  # pixels moved from the first to the last frame
 
 # One held-out combination per colour: every word is still seen in training, in other combinations.
