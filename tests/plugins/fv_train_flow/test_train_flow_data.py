@@ -1,8 +1,9 @@
-"""Training data and precision: the flow method's latent pool, the VAE method under bf16 autocast."""
+"""Training data and modes: the flow method's latent pool, VAE training under bf16 and decoder-only."""
 
 import shutil
 
 import torch
+from safetensors import safe_open
 from train_flow_support import TINY_VAE, flow_config
 
 from fv_train_flow import shapes
@@ -17,7 +18,9 @@ def test_latent_pool_holds_the_streams_first_clips_and_is_reused(vae_dir, tmp_pa
     method = FlowMethod(cfg)
     latents, captions = method.clips(step=3)
     pool, pool_captions = method._pool
-    assert pool.shape[0] == 5 and (tmp_path / "latent_pool.safetensors").is_file()
+    assert pool.shape[0] == 5
+    with safe_open(tmp_path / "latent_pool.safetensors", "pt") as f:
+        assert float(f.metadata()["encode_s"]) > 0  # the encode time a cached pool hides from wall_s
     video, specs = shapes.batch(cfg.data.seed, 0, 5)
     assert torch.equal(pool, method.latents(video)) and pool_captions == [s.caption for s in specs]
     for latent, caption in zip(latents, captions, strict=True):  # every row is one pool clip
@@ -54,3 +57,16 @@ def test_vae_trains_under_bf16_autocast(tmp_path):
     assert torch.isfinite(torch.tensor(scalars["loss"]))
     assert all(p.dtype == torch.float32 for p in method.vae.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, method.vae.parameters(), strict=True))
+
+
+def test_decoder_only_finetune_keeps_the_latent_space(vae_dir, tmp_path):
+    cfg = validate({
+        "method": "vae", "output_dir": str(tmp_path), "steps": 1, "batch_size": 2,
+        "options": {"init": str(vae_dir), "train_encoder": False, "eval_clips": 2},
+    })  # fmt: skip
+    method = VaeMethod(cfg)
+    encoder = {k: v.clone() for k, v in method.vae.encoder.state_dict().items()}
+    decoder = {k: v.clone() for k, v in method.vae.decoder.state_dict().items()}
+    method.step(0)
+    assert all(torch.equal(v, method.vae.encoder.state_dict()[k]) for k, v in encoder.items())
+    assert any(not torch.equal(v, method.vae.decoder.state_dict()[k]) for k, v in decoder.items())
