@@ -169,6 +169,7 @@ def main() -> None:
         {**r["settings"], **{f"{g}_{a}": r[g][a] for g in ("all", "seen", "held_out")
                              for a in ("colour", "shape", "direction", "joint")},
          "start_spread": r["all"]["start_spread"], "real_start_spread": r["real_start_spread"],
+         "square_fill_median": r["all"]["square_fill_median"], "circle_fill_median": r["all"]["circle_fill_median"],
          "seconds_per_video": r["seconds_per_video"]}
         for r in grid["results"]
     ]  # fmt: skip

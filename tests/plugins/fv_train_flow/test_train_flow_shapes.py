@@ -31,6 +31,8 @@ def test_detector_is_correct_on_ground_truth_clips():
         found = detect(clip)
         assert found.matches(spec) == {"colour": True, "shape": True, "direction": True}, spec
         assert abs(found.start[0] - spec.start[0]) < 1 and abs(found.start[1] - spec.start[1]) < 1
+        ideal = 1.0 if spec.shape == "square" else torch.pi / 4  # fill of the bounding box
+        assert abs(found.fill - ideal) < 0.05, (spec, found.fill)
 
 
 def test_detector_reports_nothing_on_an_empty_clip():

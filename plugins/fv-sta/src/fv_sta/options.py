@@ -49,7 +49,7 @@ class StaOptions(Strict):
     """Options of plugin fv-sta."""
 
     windows: list[StaWindow] = Field(default_factory=list)  # first match wins; exact grid before any grid
-    compile: bool = True  # False: eager flex (no compile time, much slower)
+    compile: bool = True  # flex path (GPUs) only; False: eager flex (no compile time, much slower)
 
     def window_for(self, card: str, grid: Dims) -> StaWindow:
         """The configured geometry for ``card`` at ``grid``; the defaults, clamped to the grid, if none."""

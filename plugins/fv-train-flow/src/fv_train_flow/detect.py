@@ -27,6 +27,7 @@ class Detection:
     shape: str | None
     direction: str | None
     start: tuple[float, float] | None  # object centroid (x, y) in the first frame, pixels
+    fill: float | None = None  # median over frames of object pixels / bounding-box pixels (shape's cue)
 
     def matches(self, spec: ClipSpec) -> dict[str, bool]:
         return {
@@ -50,7 +51,8 @@ def detect(frames: torch.Tensor) -> Detection:
     palette = torch.tensor(list(COLOURS.values()))
     colour = list(COLOURS)[int(torch.cdist(pixels.mean(0, keepdim=True), palette).argmin())]
     fills = [_fill(mask[f]) for f in found]
-    shape = "square" if float(torch.tensor(fills).median()) > SQUARE_FILL else "circle"
+    fill = float(torch.tensor(fills).median())
+    shape = "square" if fill > SQUARE_FILL else "circle"
     first, last = _centroid(mask[found[0]]), _centroid(mask[found[-1]])
     direction = None
     if len(found) > 1:
@@ -59,7 +61,7 @@ def detect(frames: torch.Tensor) -> Detection:
             (round(dx / max(abs(dx), 1e-6)), 0) if abs(dx) >= abs(dy) else (0, round(dy / max(abs(dy), 1e-6)))
         )
         direction = next(name for name, d in DIRECTIONS.items() if d == step)
-    return Detection(colour, shape, direction, first if found[0] == 0 else None)
+    return Detection(colour, shape, direction, first if found[0] == 0 else None, round(fill, 4))
 
 
 def _centroid(mask: torch.Tensor) -> tuple[float, float]:

@@ -63,7 +63,8 @@ def generate_videos(
 def score(
     pairs: list[tuple[shapes.ClipSpec, int]], detections: list[Detection]
 ) -> dict[str, dict[str, float]]:
-    """Accuracy per attribute and start-position spread, per group."""
+    """Accuracy per attribute, start-position spread and the median fill ratio per requested shape
+    (the detector calls a fill above ``SQUARE_FILL`` a square), per group."""
     groups: dict[str, list[int]] = {"seen": [], "held_out": [], "all": list(range(len(pairs)))}
     for i, (spec, _) in enumerate(pairs):
         key = (spec.colour, spec.shape, spec.direction)
@@ -71,11 +72,15 @@ def score(
     report = {}
     for group, idx in groups.items():
         hits = [detections[i].matches(pairs[i][0]) for i in idx]
-        row: dict[str, float] = {a: round(sum(h[a] for h in hits) / max(1, len(hits)), 4) for a in ATTRIBUTES}
+        row: dict[str, float | None] = {a: round(sum(h[a] for h in hits) / max(1, len(hits)), 4) for a in ATTRIBUTES}
         row["joint"] = round(sum(all(h.values()) for h in hits) / max(1, len(hits)), 4)
         row["start_spread"] = round(
             _spread([pairs[i][0].caption for i in idx], [detections[i].start for i in idx]), 3
         )
+        for shape in shapes.SHAPES:  # where the shape cue sits, next to the detector's threshold
+            fills = [detections[i].fill for i in idx if pairs[i][0].shape == shape]
+            known = [f for f in fills if f is not None]
+            row[f"{shape}_fill_median"] = round(statistics.median(known), 4) if known else None
         row["n"] = len(idx)
         report[group] = row
     return report
