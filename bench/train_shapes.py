@@ -145,8 +145,8 @@ def main() -> None:
     parser.add_argument("--weights", help="default: the card's embedded weights")
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--steps", default="4,8,30")
-    parser.add_argument("--guidance", default="1,4")
-    parser.add_argument("--samplers", default="euler,unipc")  # the strip shows the last one's videos
+    parser.add_argument("--guidance", default="4,1")  # last: the card's default, shown in the strip
+    parser.add_argument("--samplers", default="euler,unipc")  # the strip shows the last cell's videos
     args = parser.parse_args()
     torch.set_num_threads(1)
     RESULTS.mkdir(exist_ok=True)

@@ -28,7 +28,7 @@ FASTWAN_TIMESTEPS = [1000, 757, 522]
 DEFAULTS = {
     "wan2.1-t2v-tiny": dict(num_frames=5, height=32, width=32, steps=4, guidance=5.0, sampler="unipc"),
     "wan2.1-t2v-shapes": dict(
-        num_frames=9, height=64, width=64, steps=30, guidance=4.0, sampler="unipc", max_sequence_length=16
+        num_frames=9, height=64, width=64, steps=30, guidance=1.0, sampler="unipc", max_sequence_length=16
     ),  # captions are 6 tokens; trained with prompts padded to 16
     "wan2.1-t2v-1.3b": dict(num_frames=81, height=480, width=832, steps=50, guidance=5.0, sampler="unipc"),
     "wan2.1-t2v-14b": dict(num_frames=81, height=720, width=1280, steps=50, guidance=5.0, sampler="unipc"),
@@ -158,14 +158,13 @@ def wan_shapes() -> ModelCard:
         "Wan2.1 T2V architecture at tiny size, TRAINED (the embedded default that shows what you ask for): "
         "9 frames at 64x64 of one circle or square in red, orange, yellow, green, blue or purple moving "
         "left, right, up or down on a dark background; prompt e.g. 'a red circle moving left'. Made by "
-        "fv-train-flow on synthetic clips (fv_train_flow.shapes) on 2 shared CPU cores in about an hour: "
-        "`fv train configs/shapes/vae.yaml` (AutoencoderKLWan, 2x2 patchify, 1.5M parameters), "
-        "`fv train configs/shapes/vae_decoder.yaml` (decoder-only finetune: the shipped vae/), then "
+        "fv-train-flow on synthetic clips (fv_train_flow.shapes) on 2 CPU cores in 53 minutes: "
+        "`fv train configs/shapes/vae.yaml` (AutoencoderKLWan, 2x2 patchify, 1.5M parameters), then "
         "`fv train configs/shapes/flow.yaml` (a 1.0M-parameter WanTransformer3DModel and an 83k-parameter "
         "UMT5 trained jointly by flow matching; EMA weights; prompts padded to 16 tokens). Six "
         "colour/shape/direction combinations were held out of training. Measured at the defaults (30 UniPC "
-        "steps, guidance 4, 128 prompts; bench/results/train_shapes.json): colour 0.71, direction 0.94, "
-        "shape 0.56 (the VAE rounds squares, so every shape comes out as a blob).",
+        "steps, guidance 1, 128 prompts; bench/results/train_shapes.json): colour 1.00, shape 0.92, "
+        "direction 1.00; guidance 4 rounds squares (shape 0.66).",
         StepCostModel(base_s=0.004, per_token_s=4e-6),
         max_frames=17,
         max_resolution=(128, 128),
