@@ -126,16 +126,19 @@ def single_video_seconds(model, repeats: int = 3) -> dict[str, float]:
 
 
 def text_encoder_comparison(card: str, prompts: int) -> dict:
-    """Joint vs frozen UMT5: each flow run's final checkpoint (same VAE) at 30 UniPC steps, guidance 4."""
+    """Joint vs frozen UMT5: each flow run's final checkpoint (same VAE) at 30 UniPC steps, guidance 1
+    (the card's default) and 4."""
     rows = {}
     for name in ("flow", "flow_frozen_text"):
         cfg = load_config(CONFIGS[name])
-        report = evaluate_folder(
-            REPO / cfg.output_dir / "final", prompts, 30, 4.0, card=card,
-            max_sequence_length=cfg.options.get("max_sequence_length"),
-        )  # fmt: skip
-        rows[name] = {"train_text_encoder": cfg.options["train_text_encoder"], **report["all"]}
-        print(name, json.dumps(rows[name]), flush=True)
+        for guidance in (1.0, 4.0):
+            report = evaluate_folder(
+                REPO / cfg.output_dir / "final", prompts, 30, guidance, card=card,
+                max_sequence_length=cfg.options.get("max_sequence_length"),
+            )  # fmt: skip
+            row = {"train_text_encoder": cfg.options["train_text_encoder"], "guidance": guidance}
+            rows[f"{name}_guidance{guidance:g}"] = {**row, **report["all"]}
+            print(name, guidance, json.dumps(report["all"]), flush=True)
     return rows
 
 
