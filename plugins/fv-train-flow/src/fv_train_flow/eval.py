@@ -72,7 +72,9 @@ def score(
     report = {}
     for group, idx in groups.items():
         hits = [detections[i].matches(pairs[i][0]) for i in idx]
-        row: dict[str, float | None] = {a: round(sum(h[a] for h in hits) / max(1, len(hits)), 4) for a in ATTRIBUTES}
+        row: dict[str, float | None] = {
+            a: round(sum(h[a] for h in hits) / max(1, len(hits)), 4) for a in ATTRIBUTES
+        }
         row["joint"] = round(sum(all(h.values()) for h in hits) / max(1, len(hits)), 4)
         row["start_spread"] = round(
             _spread([pairs[i][0].caption for i in idx], [detections[i].start for i in idx]), 3
