@@ -51,6 +51,11 @@ def test_hopper_kernel_reports_why_it_falls_back_to_flex():
     path = StaHopper().path(q, geometry).record()
     assert path["path"] == "flex" and path["fallback_reason"]
     assert path["window"] == (1, 1, 1)
+    eager = StaOptions(compile=False)  # the fallback runs flex: here, on CPU, eagerly
+    q, k, v = torch.randn(3, 1, 2, 4 * 8 * 8, 16)
+    call = {"grid": (4, 8, 8), "tile": (2, 4, 4), "window": (1, 1, 1)}
+    fell_back = StaHopper().with_options(eager)(q, k, v, **call)
+    assert torch.equal(fell_back, StaFlex(eager)(q, k, v, **call))
 
 
 def test_options_pick_card_and_grid_then_defaults():

@@ -146,58 +146,30 @@ class StaGather(_StaKernel):
         return gather_sta(q, k, v, layout, scale)
 
 
-@dataclass(frozen=True, slots=True)
-class StaHopper:
+@dataclass(frozen=True)
+class StaHopper(StaFlex):
     """The st-attn Hopper kernel where its shapes fit, else the flex path with the reason recorded."""
-
-    fallback: StaFlex = StaFlex()
-
-    def with_options(self, options: StaOptions) -> StaHopper:
-        return StaHopper(self.fallback.with_options(options))
-
-    def geometry(self, grid: Dims, card: str = ANY_CARD, **override: Any) -> StaWindow:
-        return self.fallback.geometry(grid, card, **override)
 
     def path(self, query: torch.Tensor, geometry: StaWindow, scale: float | None = None) -> KernelPath:
         reason = _st_attn_refusal(query, geometry, scale)
         if reason is None:
             return KernelPath("st-attn", geometry)
-        return KernelPath(self.fallback.path(query, geometry).name, geometry, reason)
+        return dataclasses.replace(super().path(query, geometry), reason=reason)
 
-    def __call__(
+    def _attend(
         self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        *,
-        grid: Dims,
-        card: str = ANY_CARD,
-        tile: Dims | None = None,
-        window: Dims | None = None,
-        block_size: int | None = None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layout: TileLayout,
+        g: StaWindow,
+        scale: float | None,
     ) -> torch.Tensor:
-        _check_call(attn_mask, is_causal, query, grid)
-        g = self.fallback.geometry(grid, card, tile=tile, window=window, block_size=block_size)
-        if _st_attn_refusal(query, g, scale) is not None:
-            return self.fallback(
-                query,
-                key,
-                value,
-                scale=scale,
-                grid=grid,
-                tile=g.tile,
-                window=g.window,
-                block_size=g.block_size,
-            )
-        layout = TileLayout(tuple(grid), g.tile, g.window)  # type: ignore[arg-type]
+        if _st_attn_refusal(q, g, scale) is not None:
+            return super()._attend(q, k, v, layout, g, scale)
         st_attn = importlib.import_module("st_attn")
-        q, k, v = (to_tiles(t, layout) for t in (query, key, value))
-        windows = [list(g.window)] * query.shape[1]  # one window per head
-        out = st_attn.sliding_tile_attention(q, k, v, windows, 0, False, "x".join(map(str, grid)))
-        return from_tiles(out, layout)
+        windows = [list(g.window)] * q.shape[1]  # one window per head
+        return st_attn.sliding_tile_attention(q, k, v, windows, 0, False, "x".join(map(str, layout.grid)))
 
 
 def _st_attn_refusal(query: torch.Tensor, geometry: StaWindow, scale: float | None) -> str | None:
