@@ -80,9 +80,8 @@ def score(
             _spread([pairs[i][0].caption for i in idx], [detections[i].start for i in idx]), 3
         )
         for shape in shapes.SHAPES:  # where the shape cue sits, next to the detector's threshold
-            fills = [detections[i].fill for i in idx if pairs[i][0].shape == shape]
-            known = [f for f in fills if f is not None]
-            row[f"{shape}_fill_median"] = round(statistics.median(known), 4) if known else None
+            fills = [f for i in idx if pairs[i][0].shape == shape and (f := detections[i].fill) is not None]
+            row[f"{shape}_fill_median"] = round(statistics.median(fills), 4) if fills else None
         row["n"] = len(idx)
         report[group] = row
     return report
