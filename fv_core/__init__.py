@@ -1,16 +1,18 @@
 """fv: a model-native runtime for video, image, audio and omni diffusion models."""
 
-from fv_core.artifacts import VideoArtifact
+from fv_core.artifacts import AudioArtifact, ImageArtifact, TextArtifact, VideoArtifact
 from fv_core.cache import CacheKey, FeatureCache, content_hash
 from fv_core.card import (
     CacheContract,
     CapabilityMatrix,
+    CardVariant,
     ComponentSpec,
     LoopSpec,
     ModelCard,
     ParallelismContract,
     ParitySpec,
     PrecisionContract,
+    ProgramSpec,
     RecipeSpec,
     StepCostModel,
     StepsContract,
@@ -24,15 +26,18 @@ from fv_core.errors import (
     ConfigError,
     DuplicateKeyError,
     FvError,
+    LimitExceeded,
+    NonFiniteOutput,
     PluginLoadError,
     QueueFull,
     RecipeLoopMismatch,
     UnknownKeyError,
     WeightsError,
+    explain,
 )
-from fv_core.extend import Observer, StepInterceptor, plugin_slot
-from fv_core.generate import generate_video
+from fv_core.extend import BaseObserver, BlockInterceptor, Observer, StepInterceptor, plugin_slot
 from fv_core.hookspecs import hookimpl
+from fv_core.load import load
 from fv_core.loop import LoopContext, LoopRunner
 from fv_core.loop.contracts import (
     BatchKey,
@@ -47,12 +52,12 @@ from fv_core.loop.contracts import (
     WorkPlan,
     WorkUnitKind,
 )
-from fv_core.model import LoadedModel, load_model
+from fv_core.model import LoadedModel
 from fv_core.parity import ParityAligner, assert_interleave_parity, check_batched_parity
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.program import Program, Stage
 from fv_core.registry import lookup_kernel, resolve_lazy
-from fv_core.request import Request
+from fv_core.request import AudioPart, ImagePart, Params, Part, Request, TextPart, VideoPart
 from fv_core.runtime import AsyncEngine, Budget, Engine
 
 __version__ = "0.1.0"
@@ -60,13 +65,18 @@ __version__ = "0.1.0"
 __all__ = [
     "AdmissionInfeasible",
     "AsyncEngine",
+    "AudioArtifact",
+    "AudioPart",
+    "BaseObserver",
     "BatchKey",
+    "BlockInterceptor",
     "Budget",
     "CacheContract",
     "CacheKey",
     "Cancelled",
     "CapabilityMatrix",
     "CardValidationError",
+    "CardVariant",
     "ComponentSpec",
     "ConfigError",
     "DeploymentCard",
@@ -75,6 +85,9 @@ __all__ = [
     "Engine",
     "FeatureCache",
     "FvError",
+    "ImageArtifact",
+    "ImagePart",
+    "LimitExceeded",
     "LoadedModel",
     "Loop",
     "LoopContext",
@@ -84,15 +97,19 @@ __all__ = [
     "LoopSpec",
     "LoopState",
     "ModelCard",
+    "NonFiniteOutput",
     "Observer",
     "ParallelismContract",
+    "Params",
     "ParityAligner",
     "ParitySpec",
+    "Part",
     "PluginHost",
     "PluginLoadError",
     "PrecisionContract",
     "Profile",
     "Program",
+    "ProgramSpec",
     "QueueFull",
     "RecipeLoopMismatch",
     "RecipeSpec",
@@ -103,8 +120,11 @@ __all__ = [
     "StepResult",
     "StepsContract",
     "StreamEvent",
+    "TextArtifact",
+    "TextPart",
     "UnknownKeyError",
     "VideoArtifact",
+    "VideoPart",
     "WeightsError",
     "WorkPlan",
     "WorkUnitKind",
@@ -112,10 +132,10 @@ __all__ = [
     "check_batched_parity",
     "check_loop_request",
     "content_hash",
-    "generate_video",
+    "explain",
     "hookimpl",
+    "load",
     "load_deploy",
-    "load_model",
     "load_plugins",
     "lookup_kernel",
     "plugin_slot",

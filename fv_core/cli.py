@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import typing
 from collections.abc import Sequence
+from typing import Any
 
-from fv_core.errors import ConfigError, FvError, UnknownKeyError
+from fv_core.errors import ConfigError, FvError
 from fv_core.plugins import PluginHost, load_plugins
+from fv_core.request.params import field_extra
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -46,7 +49,7 @@ def cmd_cards(args: argparse.Namespace) -> int:
 def _deploy_kernels(host: PluginHost, path: str, device: str, as_json: bool) -> int:
     """The kernels each model of the deploy file at ``path`` runs on ``device``."""
     from fv_core.deploy import check_deploy, deploy_plugin_options, load_deploy
-    from fv_core.model import resolve_kernels
+    from fv_core.load import resolve_kernels
 
     deploy = load_deploy(path)
     problems = check_deploy(deploy, host, device)
@@ -103,46 +106,79 @@ def parse_size(text: str) -> tuple[int, int]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from fv_core.generate import generate_video
-    from fv_core.model import load_model, resolve_kernels
+    from fv_core.load import load
+    from fv_core.replay import replay_plan
 
     host = load_plugins()
-    if args.model not in host.registries.cards:
-        available = sorted(str(k) for k in host.registries.cards)
-        raise UnknownKeyError(
-            f"unknown model {args.model!r}. Available: {available}. Fix: pick one (see `fv cards`)."
-        )
-    card = host.card(args.model)
-    width, height = args.size if args.size else (None, None)
-    params = {
-        "prompt": args.prompt,
-        "negative_prompt": args.negative_prompt,
-        "num_frames": args.frames,
-        "height": height,
-        "width": width,
-        "steps": args.steps,
-        "guidance": args.guidance,
-        "sampler": args.sampler,
-        "cfg_mode": args.cfg_mode,
-    }
-    params = {k: v for k, v in params.items() if v is not None}
-    kernels = resolve_kernels(host, card, requested={"attention": args.attention} if args.attention else None)
-    model = load_model(
-        card, args.weights, plugin=host.registries.cards.plugin_of(args.model), kernels=kernels
-    )
-    with tqdm(desc=f"{card.model_id}", unit="step", leave=False) as bar:
+    raw = {name: getattr(args, name) for name in args.param_names}
+    if args.size:
+        raw["width"], raw["height"] = args.size
+    model_name, weights, task, options = args.model, args.weights, args.task, None
+    deploy = args.deploy
+    if args.replay:
+        plan = replay_plan(host, args.replay)
+        model_name, weights, deploy, task = plan.model, plan.weights, plan.deploy, plan.task
+        raw, options = {**plan.params, **{k: v for k, v in raw.items() if v is not None}}, plan.plugin_options
+    if model_name is None and weights is None:
+        raise ConfigError("nothing to load. Fix: pass --model CARD, --weights DIR or --replay FILE.")
+    if args.attention:
+        from fv_core.replay import one_model_deploy
+
+        deploy = one_model_deploy(host, model_name, weights, kernels={"attention": args.attention})
+    model = load(model_name, weights, deploy=deploy, host=host)
+    with tqdm(desc=model.card.model_id, unit="step", leave=False) as bar:
 
         def progress(step: int, total: int) -> None:
             bar.total = total
             bar.update(step - bar.n)
 
-        video = generate_video(model, params, seed=args.seed, progress=progress)
-    path = video.save(args.output)
-    print(
-        f"wrote {path} ({video.frames.shape[0]} frames, {video.frames.shape[2]}x{video.frames.shape[1]}) "
-        f"and {path.with_suffix('.json')} in {video.provenance['seconds']:.1f} s"
-    )
+        artifact = model.generate(task=task, plugin_options=options, progress=progress, **raw)
+    outputs = model.card.programs[artifact.provenance["task"]].outputs
+    path = artifact.save(args.output or DEFAULT_OUTPUT[outputs[0]])
+    print(f"wrote {path} and {path.with_suffix('.json')} in {artifact.provenance['seconds']:.1f} s")
     return 0
+
+
+DEFAULT_OUTPUT = {"video": "out.mp4", "image": "out.png", "audio": "out.wav", "text": "out.txt"}
+
+
+def add_param_flags(parser: argparse.ArgumentParser, host: PluginHost) -> list[str]:
+    """One flag per request param of every installed card's tasks (from their Params schemas)."""
+    from fv_core.card.assemble import assemble_card
+    from fv_core.registry import resolve_lazy
+
+    fields: dict[str, Any] = {}
+    for model_id in sorted(str(k) for k in host.registries.cards):
+        try:
+            card = assemble_card(host.registries, model_id)
+        except Exception:  # an invalid card is reported by `fv cards`; it adds no flags
+            continue
+        for program in card.programs.values():
+            params = resolve_lazy(card.loops[program.stages[0]].params)
+            for name, info in params.model_fields.items():
+                fields.setdefault(name, (params, info))
+    for name, (params, info) in fields.items():
+        flags = [f"--{name.replace('_', '-')}", *field_extra(params, name, "cli", [])]
+        kind, choices = _flag_type(info.annotation)
+        parser.add_argument(
+            *flags,
+            dest=name,
+            type=kind,
+            choices=choices,
+            default=None,
+            help=f"{info.description} (default: the card's)",
+        )
+    return list(fields)
+
+
+def _flag_type(annotation: Any) -> tuple[Any, list[Any] | None]:
+    """argparse ``type`` and ``choices`` for a Params field annotation (Literal, int, float, str)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return type(args[0]), args
+    if args:  # X | None
+        return _flag_type(args[0])
+    return (annotation if annotation in (int, float) else str), None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,31 +193,34 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate a deploy file against what is installed")
     validate.add_argument("deploy_file")
     validate.set_defaults(func=cmd_validate)
-    gen = sub.add_parser("generate", help="generate a video (mp4) and its provenance (JSON)")
-    gen.add_argument("--model", required=True, help="card id, e.g. wan2.1-t2v-tiny (see `fv cards`)")
-    gen.add_argument("--weights", help="checkpoint folder (default: the card's embedded weights)")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--negative-prompt")
-    gen.add_argument("--frames", type=int, help="number of frames (4k+1 for Wan)")
-    gen.add_argument("--size", type=parse_size, help="WIDTHxHEIGHT, multiples of 16")
-    gen.add_argument("--steps", type=int, help="denoising steps")
-    gen.add_argument("--guidance", type=float, help="classifier-free guidance scale")
-    gen.add_argument("--sampler", help="sampler name (the card lists them)")
-    gen.add_argument(
-        "--cfg-mode", choices=["two_forward", "batched"], help="CFG as two forwards or one batched"
+    host = load_plugins()
+    gen = sub.add_parser(
+        "generate",
+        help="run one task of a model (a video by default) and write its artifact and provenance (JSON)",
+        description="Request params below come from the installed cards' schemas (`fv cards --json`); "
+        "omitted ones take the card's defaults.",
     )
+    gen.add_argument("--model", help="card id (see `fv cards`) or a diffusers-format folder")
+    gen.add_argument(
+        "--weights",
+        help="checkpoint folder (default: the card's embedded weights); alone, "
+        "the card is built from the folder's configs",
+    )
+    gen.add_argument("--task", help="the card's task, e.g. t2v or t2i (default: the card's first)")
+    gen.add_argument("--deploy", metavar="FILE", help="run the model as this deploy file's entry for it")
+    gen.add_argument("--replay", metavar="JSON", help="re-run the request recorded in a provenance file")
+    gen.add_argument("--size", type=parse_size, help="WIDTHxHEIGHT (sets --width and --height)")
     gen.add_argument(
         "--attention",
         metavar="VARIANT",
         help="attention kernel variant, e.g. sta (default: the card's; see `fv cards`)",
     )
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("-o", "--output", default="out.mp4", help="output .mp4 (or .png for one frame)")
-    gen.set_defaults(func=cmd_generate)
+    gen.add_argument("-o", "--output", help="output file (default: out.mp4, out.png, ... by the task)")
+    gen.set_defaults(func=cmd_generate, param_names=add_param_flags(gen, host))
     from fv_core.serving.cli import add_serve_parser  # imports FastAPI only when installed with [serve]
 
     add_serve_parser(sub)
-    commands = load_plugins().registries.commands
+    commands = host.registries.commands
     for name in sorted(str(k) for k in commands):
         commands.get(name)(sub)  # plugin subcommands, e.g. `fv train` from fv-train-flow
     return parser

@@ -3,13 +3,26 @@ quotes the bad value, the rule it broke and the fix."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 
 class FvError(Exception):
     """Base of fv's errors."""
 
 
 class ConfigError(FvError, ValueError):
-    """Bad user input or configuration (deploy file, request, options)."""
+    """Bad user input or configuration (deploy file, request, options).
+
+    ``param`` names the request field at fault, when there is one (HTTP answers carry it)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        self.param = param
+        super().__init__(message)
+
+
+class LimitExceeded(ConfigError):
+    """A request asks for more than the deployment allows."""
 
 
 class CardValidationError(ConfigError):
@@ -57,3 +70,29 @@ class QueueFull(FvError, RuntimeError):
 
 class Cancelled(FvError, RuntimeError):
     """A request was cancelled; raised to whoever waits on its result."""
+
+
+class NonFiniteOutput(FvError, FloatingPointError):
+    """A loop produced NaN or infinite outputs; nothing is saved."""
+
+
+def explain(exc: Any, where: str = "", allowed: Iterable[str] | None = None) -> str:
+    """One line per problem of a pydantic ``ValidationError``: the field, the rule, the value, the fix.
+
+    ``where`` prefixes the message (``"deploy.yaml"``, ``"options for plugin 'x'"``); ``allowed``
+    lists the valid field names for unknown-field errors.
+    """
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            known = f" Allowed: {sorted(allowed)}." if allowed is not None else ""
+            fix = f"remove it or check its spelling.{known}"
+        elif err["type"] == "missing":
+            fix = f"pass {field}."
+        else:
+            fix = f"give {field} a value that satisfies this."
+        got = f"; got {err['input']!r}" if err["type"] != "missing" else ""
+        lines.append(f"{field}: {err['msg']}{got}. Fix: {fix}")
+    head = f"{where}: " if where else ""
+    return head + ("\n  ".join(lines) if len(lines) < 2 else "\n  " + "\n  ".join(lines))

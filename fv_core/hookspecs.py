@@ -21,7 +21,8 @@ Register = Callable[..., None]
 def fv_register_cards(register: Register) -> None:
     """Contribute model cards.
 
-    :param register: call ``register(card)`` with a ``ModelCard``, or with a
+    :param register: call ``register(card)`` with a ``ModelCard`` or a
+        ``CardVariant`` (a registered card with its own id and defaults), or with a
         zero-argument callable (or lazy ``"module:attr"`` string) returning one
         (the card's ``model_id`` is its key); or ``register(model_id, factory)``
         to key it without building the card.
@@ -44,7 +45,9 @@ def fv_register_kernels(register: Register) -> None:
 
     :param register: call ``register((op, device, arch, variant), impl)``, e.g.
         ``(("attention", "any", "any", "sta"), "fv_sta.kernel:sta_attention")``;
-        ``arch`` is a GPU architecture (``"sm90"``) or ``"any"``.
+        ``arch`` is a GPU architecture (``"sm90"``) or ``"any"``. ``impl`` must take
+        the op's call signature (``fv_core.kernels.SIGNATURES``), checked when it
+        registers (a lazy string: when it is first imported).
     """
 
 
@@ -83,6 +86,18 @@ def fv_register_options(register: Register) -> None:
     :param register: call ``register(plugin_name, schema)`` with a pydantic
         model class (``extra="forbid"``); deploy files and requests set the
         plugin's options only through it.
+    """
+
+
+@hookspec
+def fv_register_pipelines(register: Register) -> None:
+    """Contribute readers of checkpoint folders, keyed by their ``model_index.json`` class.
+
+    :param register: call ``register(pipeline_class, family)``, e.g.
+        ``("WanPipeline", "fv_wan.folder:WanFolder")``; ``family.card(folder)``
+        builds a card from the folder's own configs (``fv_core.load(folder)``) and
+        ``family.bind(card, folder)`` adapts a named card to a folder it runs on
+        (e.g. its default sampler follows the folder's scheduler).
     """
 
 

@@ -14,6 +14,7 @@ import torch
 from pydantic import BaseModel
 
 from fv_core.errors import UnknownKeyError
+from fv_core.kernels import check_kernel
 from fv_core.registry import ANY, Registries, lookup_kernel
 
 
@@ -51,6 +52,7 @@ def select_kernel(
             raise
         reason = f"{variant!r} unavailable: {exc}"
         key, impl = lookup_kernel(registries.kernels, op, dev, arch, fallback)
+    check_kernel(key, impl)
     kernel_key = cast(tuple[str, str, str, str], key)
     plugin = registries.kernels.plugin_of(key)
     if isinstance(options, Mapping):

@@ -1,126 +1,265 @@
-"""Load any card on its weights and turn user parameters into runnable jobs.
+"""A loaded model: a card bound to live weights, and the front door of every request to it.
 
-Model-agnostic: the card names its instance factory, its loops' factories
-and its embedded weights; the model plugin supplies them.
+``prepare`` turns a raw request (CLI flags, HTTP JSON, Python kwargs) into the typed
+:class:`Request` once: the task's program, the card's defaults, the deploy limits, the loop's
+Params (with the card's rules), the parts the loop accepts and the plugin options merged once.
+``generate`` runs one request and returns the task's artifacts with a provenance that
+replays it. :func:`fv_core.load` builds LoadedModels; nothing else should.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from pydantic import BaseModel
+import numpy as np
+import torch
+from pydantic import BaseModel, ValidationError
 
-from fv_core.card.spec import ModelCard
-from fv_core.errors import ConfigError
-from fv_core.kernels_select import select_kernel
-from fv_core.loop.contracts import Loop
+from fv_core.artifacts import AudioArtifact, ImageArtifact, TextArtifact, VideoArtifact
+from fv_core.card.spec import ModelCard, ProgramSpec
+from fv_core.card.validate import check_loop_request
+from fv_core.deploy.card import Limits
+from fv_core.errors import ConfigError, LimitExceeded, UnknownKeyError, explain
+from fv_core.loop.contracts import Loop, LoopResult
+from fv_core.program import Program, Stage
 from fv_core.registry import resolve_lazy
+from fv_core.request.params import Params, field_extra
+from fv_core.request.parts import Part
 from fv_core.request.request import Request
 
-if TYPE_CHECKING:
-    from fv_core.plugins import PluginHost
+Progress = Callable[[int, int], None]
+Artifact = VideoArtifact | ImageArtifact | AudioArtifact | TextArtifact
 
-# op -> (implementation, provenance record), as ``select_kernel`` returns them
-Kernels = dict[str, tuple[Any, dict[str, Any]]]
+
+@dataclass(frozen=True, slots=True)
+class OptionsPolicy:
+    """Which plugins' options a request may set, their schemas, and the deployment's own values."""
+
+    schemas: Mapping[str, type[BaseModel]] = field(default_factory=dict)  # plugin -> options schema
+    enabled: frozenset[str] | None = None  # plugins a request may configure; None: any with a schema
+    base: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # deployment's options per plugin
+
+    def merge(self, asked: Mapping[str, Mapping[str, Any]] | None) -> dict[str, BaseModel]:
+        """The deployment's options overridden by the request's, validated once per plugin."""
+        asked = asked or {}
+        merged: dict[str, BaseModel] = {}
+        for plugin in [*self.base, *(p for p in asked if p not in self.base)]:
+            if plugin in asked and self.enabled is not None and plugin not in self.enabled:
+                raise ConfigError(
+                    f"plugin options name {plugin!r}, which this deployment does not enable (enabled: "
+                    f"{sorted(self.enabled)}). Fix: drop the options or ask the operator to enable {plugin!r}.",
+                    param="plugin_options",
+                )
+            schema = self.schemas.get(plugin)
+            if schema is None:
+                raise ConfigError(
+                    f"plugin {plugin!r} takes no options; got {sorted(asked.get(plugin, {}))}. Fix: drop them.",
+                    param="plugin_options",
+                )
+            try:
+                merged[plugin] = schema.model_validate({**self.base.get(plugin, {}), **asked.get(plugin, {})})
+            except ValidationError as exc:
+                where = f"options for plugin {plugin!r}"
+                raise ConfigError(explain(exc, where, schema.model_fields), param="plugin_options") from None
+        return merged
 
 
 @dataclass
 class LoadedModel:
-    """A card bound to a live instance: the unit a server or CLI runs requests on."""
+    """A card bound to a live instance: the unit the CLI, the server, eval and training run requests on."""
 
-    card: ModelCard  # the assembled card
+    card: ModelCard  # the assembled card, bound to its weights
     instance: Any  # live components, shared by every request
     weights: str  # checkpoint folder
-    plugin: str | None = None  # plugin that registered the card; its distribution version goes in provenance
+    source: str = ""  # what was loaded: the card id, or the folder a card was built from
+    plugin: str | None = None  # plugin that registered the card
+    kernels: dict[str, dict[str, Any]] = field(default_factory=dict)  # op -> selection record
     interceptors: tuple[Any, ...] = ()  # enabled interceptors, attached to every request
+    limits: Limits | None = None  # the deployment's limits (None: the card's own rules only)
+    options: OptionsPolicy = field(default_factory=OptionsPolicy)  # request plugin-option policy
+    versions: dict[str, str | None] = field(default_factory=dict)  # distribution -> version (provenance)
+    deploy_plugins: list[str] = field(default_factory=list)  # plugins a replay must enable
 
-    def loop(self, loop_id: str | None = None) -> Loop:
-        """A fresh loop object (loops are stateless; state lives in LoopState)."""
-        spec = self.card.loops[loop_id or self.card.recipe.assumes_loop]
-        return resolve_lazy(spec.loop_factory)()
+    # -- programs -------------------------------------------------------------------------------
 
-    def job(
-        self, params: dict[str, Any], seed: int = 0, task: str | None = None
-    ) -> tuple[Loop, Request, Any]:
-        """``(loop, request, instance)`` for the engine; frames == 1 makes an image task."""
-        if task is None:
-            task = "text_to_image" if params.get("num_frames") == 1 else "text_to_video"
-        if task not in self.card.capabilities.tasks:
+    def program(self, task: str | None = None) -> tuple[str, ProgramSpec]:
+        """``(task, program)``; the card's first task when ``task`` is None."""
+        task = task or self.card.tasks[0]
+        if task not in self.card.programs:
             raise ConfigError(
-                f"model {self.card.model_id!r} does not serve task {task!r}; it serves "
-                f"{sorted(self.card.capabilities.tasks)}. Fix: ask for one of those."
+                f"model {self.card.model_id!r} has no task {task!r}; its tasks are {self.card.tasks}. "
+                "Fix: ask for one of those.",
+                param="task",
             )
-        request = Request(
-            request_id=uuid.uuid4().hex[:16],
+        return task, self.card.programs[task]
+
+    def params_model(self, task: str | None = None) -> type[Params]:
+        """The typed Params class of ``task`` (its first stage's loop declares it)."""
+        _, program = self.program(task)
+        return resolve_lazy(self.card.loops[program.stages[0]].params)
+
+    def loop(self, loop_id: str) -> Loop:
+        """The loop ``loop_id`` bound to this instance (loops hold no per-request state)."""
+        return resolve_lazy(self.card.loops[loop_id].loop_factory)(self.instance)
+
+    def runnable(self, task: str) -> Loop | Program:
+        """What the scheduler runs for ``task``: its loop, or a Program of its loops."""
+        stages = self.card.programs[task].stages
+        if len(stages) == 1:
+            return self.loop(stages[0])
+        return Program(
+            task, [Stage(f"{i}:{loop_id}", self.loop(loop_id)) for i, loop_id in enumerate(stages)]
+        )
+
+    # -- the front door -------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        raw: Mapping[str, Any] | None = None,
+        *,
+        task: str | None = None,
+        parts: Iterable[Part] = (),
+        plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> Request:
+        """The typed request for ``raw`` params (``None`` values take the card's defaults)."""
+        task, program = self.program(task)
+        loop_id = program.stages[0]
+        cls = self.params_model(task)
+        given = {k: v for k, v in (raw or {}).items() if v is not None}
+        try:
+            params = cls.model_validate({**program.defaults, **given})
+        except ValidationError as exc:
+            param = ".".join(str(p) for p in exc.errors()[0]["loc"]) or None
+            where = f"request to {self.card.model_id!r} (task {task!r})"
+            raise ConfigError(explain(exc, where, cls.model_fields), param=param) from None
+        self._check_limits(params)
+        params.check(self.card, loop_id)
+        if "num_inference_steps" in cls.model_fields:
+            check_loop_request(self.card, loop_id, params.num_inference_steps)  # type: ignore[attr-defined]
+        parts = tuple(parts)
+        accepted = self.card.loops[loop_id].accepts
+        refused = [p.kind for p in parts if p.kind not in accepted]
+        if refused:
+            raise ConfigError(
+                f"task {task!r} of {self.card.model_id!r} takes input parts {accepted or 'none'} besides its "
+                f"params; got {refused}. Fix: drop them, or use a task that takes them.",
+                param="parts",
+            )
+        return Request(
+            request_id=request_id or uuid.uuid4().hex[:16],
             task=task,
-            params=dict(params),
-            seed=seed,
+            params=params,
+            parts=parts,
+            options=self.options.merge(plugin_options),
+            seed=params.seed,
+            priority=priority,
             interceptors=self.interceptors,
         )
-        return self.loop(params.get("loop")), request, self.instance
+
+    def _check_limits(self, params: Params) -> None:
+        if self.limits is None:
+            return
+        for name in type(params).model_fields:
+            limit = field_extra(type(params), name, "limit")
+            value = getattr(params, name)
+            if limit is not None and value is not None and value > getattr(self.limits, limit):
+                cap = getattr(self.limits, limit)
+                raise LimitExceeded(
+                    f"{name}={value} exceeds this deployment's limit {limit}={cap}. "
+                    f"Fix: ask for at most {cap}.",
+                    param=name,
+                )
+
+    def job(self, request: Request) -> tuple[Loop | Program, Request, Any]:
+        """``(runnable, request, instance)`` for an engine."""
+        return self.runnable(request.task), request, self.instance
+
+    def generate(
+        self,
+        *,
+        task: str | None = None,
+        parts: Iterable[Part] = (),
+        plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
+        progress: Progress | None = None,
+        **params: Any,
+    ) -> Artifact:
+        """Run one request: ``model.generate(prompt="a red circle moving left", seed=1)``.
+
+        Omitted params take the card's defaults (``fv cards --json`` lists them); returns the
+        task's artifact (a VideoArtifact for ``t2v``), with a provenance that replays it."""
+        from fv_core.runtime.engine import Engine
+
+        request = self.prepare(params, task=task, parts=parts, plugin_options=plugin_options)
+
+        def on_event(event: Any) -> None:
+            if progress is not None and event.kind == "progress" and event.total:
+                progress(event.step, event.total)
+
+        start = time.perf_counter()
+        with torch.inference_mode():
+            engine = Engine(device=getattr(self.instance, "device", "cpu"), on_event=on_event)
+            result = engine.run_one(*self.job(request))
+        return self.artifact(request, result, time.perf_counter() - start)
+
+    # -- results --------------------------------------------------------------------------------
+
+    def artifact(self, request: Request, result: LoopResult, seconds: float) -> Artifact:
+        """The task's artifact from a finished result (video and audio make one video with sound)."""
+        outputs = self.card.programs[request.task].outputs
+        prov = self.provenance(request, result, seconds)
+        out = result.outputs
+        audio = None
+        if "audio" in outputs:
+            audio = AudioArtifact(_numpy(out["audio"]), int(out["sample_rate"]), prov)
+        if "video" in outputs:
+            fps = int(getattr(request.params, "fps", 16))
+            return VideoArtifact(_numpy(out["frames"]), fps, prov, audio=audio)
+        if "image" in outputs:
+            return ImageArtifact(_numpy(out["frames"])[0], prov)
+        if audio is not None:
+            return audio
+        return TextArtifact(str(out["text"]), prov)
+
+    def provenance(self, request: Request, result: LoopResult, seconds: float) -> dict[str, Any]:
+        """Everything needed to replay ``request`` on this model and to tell what ran."""
+        return {
+            "model": self.source,
+            "card": self.card.model_id,
+            "parent": self.card.parent,
+            "recipe": self.card.recipe.model_dump(),
+            "task": request.task,
+            "params": request.params.model_dump(mode="json"),
+            "parts": [p.kind for p in request.parts],
+            "weights": self.weights,
+            "weights_hash": dict(getattr(self.instance, "weights_versions", {})),
+            "kernels": result.metrics.get("kernels", self.kernels),
+            "interceptors": [getattr(i, "name", type(i).__name__) for i in self.interceptors],
+            "plugin_options": {p: o.model_dump(mode="json") for p, o in request.options.items()},
+            "deploy": {
+                "plugins": self.deploy_plugins,
+                "kernels": {op: r["variant"] for op, r in self.kernels.items()},
+            },
+            "metrics": result.metrics,
+            "seconds": round(seconds, 4),
+            "versions": self.versions,
+        }
 
 
-def resolve_kernels(
-    host: PluginHost,
-    card: ModelCard,
-    device: str = "cpu",
-    plugin_options: Mapping[str, BaseModel] | None = None,
-    requested: Mapping[str, str] | None = None,
-) -> Kernels:
-    """The card's kernels (``requested`` variants overriding, e.g. a deploy's) selected for ``device``.
-
-    ``plugin_options`` are validated options by plugin name; a kernel gets its
-    plugin's. A variant with no kernel for this device is an error listing the
-    variants there are.
-    """
-    chosen = {**card.kernels, **(requested or {})}
-    return {
-        op: select_kernel(host.registries, op, variant, device, options=plugin_options)
-        for op, variant in chosen.items()
-    }
+def _numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().cpu().numpy()
+    return np.asarray(value)
 
 
-def build_interceptors(
-    host: PluginHost, names: Sequence[str], plugin_options: Mapping[str, BaseModel] | None = None
-) -> tuple[Any, ...]:
-    """Interceptors by registered name, each made with its plugin's options (only the fields set)."""
-    built = []
-    for name in names:
-        plugin = host.registries.interceptors.plugin_of(name)
-        options = (plugin_options or {}).get(plugin)
-        built.append(
-            host.registries.interceptors.get(name)(
-                **(options.model_dump(exclude_unset=True) if options else {})
-            )
-        )
-    return tuple(built)
-
-
-def load_model(
-    card: ModelCard,
-    weights: str | Path | None = None,
-    device: str = "cpu",
-    plugin: str | None = None,
-    kernels: Kernels | None = None,
-    interceptors: tuple[Any, ...] = (),
-) -> LoadedModel:
-    """Materialize ``card`` on ``weights`` (its embedded weights when omitted).
-
-    ``kernels`` (from :func:`resolve_kernels`) reach the instance factory as its
-    ``kernels`` keyword; the instance runs them and reports them per result.
-    """
-    if card.instance_factory is None:
-        raise ConfigError(f"card {card.model_id!r} names no instance_factory; its plugin cannot load it.")
-    if weights is None:
-        if card.default_weights is None:
-            raise ConfigError(
-                f"model {card.model_id!r} has no embedded weights. Fix: pass a weights folder (--weights DIR)."
-            )
-        weights = resolve_lazy(card.default_weights)()
-    extra = {} if kernels is None else {"kernels": kernels}
-    instance = resolve_lazy(card.instance_factory)(card, weights, device, **extra)
-    return LoadedModel(card, instance, str(weights), plugin, interceptors)
+def unknown_model(model: str, available: Iterable[str]) -> UnknownKeyError:
+    return UnknownKeyError(
+        f"unknown model {model!r}: neither a registered card nor a diffusers-format folder "
+        f"(no {model}/model_index.json). Cards: {sorted(available)}. "
+        "Fix: pick a card (see `fv cards`) or pass the path of a checkpoint folder."
+    )

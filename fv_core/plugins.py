@@ -26,8 +26,9 @@ from typing import Any
 import pluggy
 
 from fv_core import hookspecs
-from fv_core.card.spec import ModelCard
+from fv_core.card.spec import CardVariant, ModelCard
 from fv_core.errors import ConfigError
+from fv_core.kernels import check_kernel
 from fv_core.registry import Registries, resolve_lazy
 
 ENTRY_POINT_GROUP = "fv.plugins"
@@ -148,6 +149,8 @@ class PluginHost:
         done: list[tuple[str, Hashable]] = []
         try:
             for registry_name, key, value in staged:
+                if registry_name == "kernels" and not isinstance(value, str):
+                    check_kernel(key, value)  # lazy kernels are checked when first imported
                 getattr(self.registries, registry_name).register(key, value, plugin_name)
                 done.append((registry_name, key))
         except Exception:  # a duplicate or a bad key: a skipped plugin contributes nothing
@@ -227,11 +230,12 @@ def _card_entry(*args: Any) -> tuple[str, Any]:
     if len(args) == 2:
         return args[0], args[1]
     (value,) = args
-    card = value if isinstance(value, ModelCard) else resolve_lazy(value)
-    card = card() if callable(card) and not isinstance(card, ModelCard) else card
-    if not isinstance(card, ModelCard):
+    card = value if isinstance(value, ModelCard | CardVariant) else resolve_lazy(value)
+    card = card() if callable(card) and not isinstance(card, ModelCard | CardVariant) else card
+    if not isinstance(card, ModelCard | CardVariant):
         raise TypeError(
-            f"register() for cards needs a ModelCard or a factory of one; got {type(card).__name__}"
+            "register() for cards needs a ModelCard, a CardVariant or a factory of one; "
+            f"got {type(card).__name__}"
         )
     return card.model_id, card
 

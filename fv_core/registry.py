@@ -108,7 +108,17 @@ def lookup_kernel(kernels: Registry, op: str, device: str, arch: str, variant: s
     )
 
 
-REGISTRY_NAMES = ("cards", "components", "kernels", "loops", "interceptors", "methods", "options", "commands")
+REGISTRY_NAMES = (
+    "cards",
+    "components",
+    "kernels",
+    "loops",
+    "interceptors",
+    "methods",
+    "options",
+    "pipelines",
+    "commands",
+)
 
 
 @dataclass
@@ -122,4 +132,5 @@ class Registries:
     interceptors: Registry = field(default_factory=lambda: Registry("interceptors"))
     methods: Registry = field(default_factory=lambda: Registry("methods"))
     options: Registry = field(default_factory=lambda: Registry("options"))
+    pipelines: Registry = field(default_factory=lambda: Registry("pipelines"))
     commands: Registry = field(default_factory=lambda: Registry("commands"))

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fv_core.loop.contracts import LoopKind, WorkUnitKind
 
 ConsistencyLevel = Literal["C0", "C1", "C2", "C3", "C4"]
+PartKind = Literal["text", "image", "video", "audio"]  # kinds of request inputs and of artifacts
 
 
 class Spec(BaseModel):
@@ -32,6 +33,9 @@ class ComponentSpec(Spec):
     optional_for: set[str] = Field(default_factory=set)  # tasks that may use it
     resident_for: set[str] = Field(default_factory=set)  # tasks that keep it resident between requests
     precision: str = "float32"  # default dtype
+    config: dict[str, Any] = Field(
+        default_factory=dict
+    )  # values the folder's config must hold (``_class_name``, layer count, dims), checked at load
 
 
 class StepCostModel(Spec):
@@ -62,6 +66,20 @@ class LoopSpec(Spec):
     step_cost: StepCostModel = Field(default_factory=StepCostModel)
     steps: StepsContract = Field(default_factory=StepsContract)
     samplers: list[str] = Field(default_factory=list)  # sampler names the loop accepts
+    params: str = "fv_core.request.params:Params"  # "module:attr" of the loop's typed request Params
+    accepts: list[PartKind] = Field(default_factory=list)  # input parts the loop takes besides its params
+
+
+class ProgramSpec(Spec):
+    """A named task: loops of this card run in order against one instance.
+
+    The request's Params are the first stage's; ``defaults`` are this card's
+    values for them (a card variant overrides them)."""
+
+    stages: list[str]  # loop ids, run in order
+    defaults: dict[str, Any] = Field(default_factory=dict)  # Params field -> this card's default
+    outputs: list[PartKind] = Field(default_factory=lambda: ["video"])  # artifacts the task yields
+    description: str = ""
 
 
 class RecipeSpec(Spec):
@@ -85,9 +103,8 @@ class ParitySpec(Spec):
 
 
 class CapabilityMatrix(Spec):
-    """Tasks the card serves and what it accepts."""
+    """What the card accepts and its size limits (its tasks are its programs)."""
 
-    tasks: set[str] = Field(default_factory=set)  # text_to_video, text_to_image, ...
     interceptors: set[str] = Field(default_factory=set)  # accepted interceptor kinds: step_skip, block_skip
     max_frames: int | None = None
     max_resolution: tuple[int, int] | None = None  # (height, width)
@@ -123,6 +140,7 @@ class ModelCard(Spec):
     description: str = ""
     components: dict[str, ComponentSpec]
     loops: dict[str, LoopSpec]
+    programs: dict[str, ProgramSpec]  # task name -> program; the first is the default task
     recipe: RecipeSpec
     parity: ParitySpec = Field(default_factory=ParitySpec)
     capabilities: CapabilityMatrix = Field(default_factory=CapabilityMatrix)
@@ -134,13 +152,22 @@ class ModelCard(Spec):
     instance_factory: str | None = (
         None  # "module:attr" called (card, weights, device[, kernels=]) -> instance
     )
-    defaults: dict[str, Any] = Field(
+    pipeline: str | None = None  # model_index.json ``_class_name`` of the weights this card runs
+    parent: str | None = None  # card this one was derived from (a CardVariant), if any
+
+    @property
+    def tasks(self) -> list[str]:
+        """Task names, the default first."""
+        return list(self.programs)
+
+
+class CardVariant(Spec):
+    """A card derived from a registered one: its own id, description and defaults; the same weights,
+    loops and components. Register it like a card; assembly builds it from ``parent``."""
+
+    model_id: str
+    parent: str  # the registered card it derives from
+    description: str = ""  # default: the parent's
+    defaults: dict[str, dict[str, Any]] = Field(
         default_factory=dict
-    )  # request parameters used when the caller omits them
-
-    def validate(self) -> ModelCard:  # type: ignore[override]
-        """Check internal references; raise CardValidationError naming card, field and fix."""
-        from fv_core.card.validate import validate_card
-
-        validate_card(self)
-        return self
+    )  # task -> Params defaults overriding the parent's

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fv_core.card.spec import ModelCard
-from fv_core.errors import CardValidationError, RecipeLoopMismatch
+from fv_core.errors import CardValidationError, ConfigError, RecipeLoopMismatch, explain
 
 PARALLEL_AXES = {"dp", "tp", "sp", "cp", "cfgp", "pp_patch", "vae", "ep", "fsdp", "role", "replica"}
 
@@ -18,18 +18,14 @@ def card_from_dict(data: dict[str, Any]) -> ModelCard:
     try:
         card = ModelCard.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        fix = (
-            "remove it (unknown fields are rejected)" if err["type"] == "extra_forbidden" else "see ModelCard"
-        )
-        raise CardValidationError(name, where, f"{err['msg']} (got {err.get('input')!r})", fix) from None
+        raise ConfigError(explain(exc, f"card {name!r}", ModelCard.model_fields)) from None
     return validate_card(card)
 
 
 def validate_card(card: ModelCard) -> ModelCard:
     """Raise ``CardValidationError`` (card, field, fix) on the first inconsistency."""
     _check_loops(card)
+    _check_programs(card)
     _check_recipe(card)
     _check_components(card)
     _check_caches(card)
@@ -90,6 +86,20 @@ def _check_loops(card: ModelCard) -> None:
             )
 
 
+def _check_programs(card: ModelCard) -> None:
+    if not card.programs:
+        _fail(card, "programs", "the card declares no program (task)", "declare at least one ProgramSpec")
+    for name, program in card.programs.items():
+        unknown = [loop for loop in program.stages if loop not in card.loops]
+        if not program.stages or unknown:
+            _fail(
+                card,
+                f"programs.{name}.stages",
+                f"stages {program.stages} must be non-empty loop ids; unknown: {unknown}",
+                f"use loops declared in loops ({sorted(card.loops)})",
+            )
+
+
 def _check_recipe(card: ModelCard) -> None:
     recipe = card.recipe
     if recipe.assumes_loop not in card.loops:
@@ -110,13 +120,13 @@ def _check_recipe(card: ModelCard) -> None:
 
 def _check_components(card: ModelCard) -> None:
     for name, comp in card.components.items():
-        unknown = sorted(comp.required_for - card.capabilities.tasks)
+        unknown = sorted(comp.required_for - set(card.programs))
         if unknown:
             _fail(
                 card,
                 f"components.{name}.required_for",
-                f"tasks {unknown} are not in capabilities.tasks {sorted(card.capabilities.tasks)}",
-                "declare the task in capabilities.tasks or drop it",
+                f"tasks {unknown} are not programs of the card {sorted(card.programs)}",
+                "declare the task in programs or drop it",
             )
 
 

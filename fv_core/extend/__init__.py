@@ -1,7 +1,7 @@
 """Extension seam: observers (read-only) and interceptors (compute-altering)."""
 
 from fv_core.extend.protocols import BaseObserver, BlockInterceptor, Observer, StepInterceptor, plugin_slot
-from fv_core.extend.seam import (
+from fv_core.loop.seam import (
     BLOCK_SKIP,
     BLOCKS_INPUT,
     STEP_SKIP,

@@ -15,8 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from fv_core.extend.seam import BlockFn
 from fv_core.loop.contracts import LoopResult, LoopState, StepResult, WorkPlan
+from fv_core.loop.seam import BlockFn
 
 
 @runtime_checkable
@@ -67,7 +67,7 @@ class BlockInterceptor(Protocol):
     """Drives the transformer blocks of one forward inside a step body (DBCache/FBCache-style skips).
 
     ``kind`` is ``"block_skip"``. A body whose plan carries ``inputs[BLOCKS_INPUT]``
-    calls ``run_blocks`` (through :class:`~fv_core.extend.seam.BlockHook`) once
+    calls ``run_blocks`` (through :class:`~fv_core.loop.seam.BlockHook`) once
     per forward and CFG ``branch``. ``caches`` is a working copy of this
     request's ``plugin_state[plugin_id]``: ``caches[branch]`` is the branch's
     state (``plugin_slot(state, plugin_id, branch)``); rebind keys, never

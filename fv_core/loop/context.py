@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from fv_core.extend.seam import check_interceptors
 from fv_core.loop.contracts import Profile
 from fv_core.loop.observers import BehaviorRecorder
+from fv_core.loop.seam import check_interceptors
 
 
 @dataclass(slots=True)

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fv_core.extend.seam import attach_block_hook, commit_block_hook, negotiate
+import torch
+
+from fv_core.errors import NonFiniteOutput
 from fv_core.loop.context import LoopContext, grad_mode
 from fv_core.loop.contracts import (
     Done,
@@ -28,6 +30,7 @@ from fv_core.loop.contracts import (
     StreamEvent,
     WorkPlan,
 )
+from fv_core.loop.seam import attach_block_hook, commit_block_hook, negotiate
 
 
 @dataclass(slots=True)
@@ -39,6 +42,24 @@ class ActiveLoop:
     instance: Any  # live model instance the loop is bound to
     ctx: LoopContext  # profile, device, observers, interceptors
     state: LoopState  # all per-request state
+
+
+def _notify(observer: Any, hook: str, *args: Any) -> None:
+    """Call an observer's hook when it has one (observers implement what they need)."""
+    method = getattr(observer, hook, None)
+    if method is not None:
+        method(*args)
+
+
+def check_finite(request_id: str, outputs: dict[str, Any]) -> None:
+    """Raise NonFiniteOutput when a floating tensor output holds NaN or infinity."""
+    for name, value in outputs.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+            raise NonFiniteOutput(
+                f"request {request_id!r}: output {name!r} holds NaN or infinite values, so nothing is saved. "
+                "Fix: check the scheduler config and precision (float32 avoids most overflows), or lower "
+                "the guidance scale."
+            )
 
 
 def run_plan(plan: WorkPlan, profile: Profile) -> StepResult:
@@ -57,10 +78,13 @@ class LoopRunner:
     ) -> ActiveLoop:
         """Negotiate interceptors with the card, initialise (or resume from ``state``), notify hooks.
 
-        The request's own interceptors (those its model's deployment enabled) join the engine's."""
+        The request's own interceptors (those its model's deployment enabled) join the engine's;
+        those of kind ``observer`` join the observers, and see every step like them."""
         extra = tuple(getattr(request, "interceptors", ()))
         if extra:
-            ctx = replace(ctx, interceptors=(*ctx.interceptors, *extra))
+            watch = tuple(i for i in extra if getattr(i, "kind", None) == "observer")
+            act = tuple(i for i in extra if i not in watch)
+            ctx = replace(ctx, interceptors=(*ctx.interceptors, *act), observers=(*ctx.observers, *watch))
         card = getattr(instance, "card", None)
         if ctx.interceptors and card is not None:
             negotiate(card, ctx.interceptors)
@@ -69,7 +93,7 @@ class LoopRunner:
             if hasattr(icp, "on_start"):
                 icp.on_start(state, request)
         for obs in ctx.observers:
-            obs.on_start(state, request)
+            _notify(obs, "on_start", state, request)
         return ActiveLoop(loop, request, instance, ctx, state)
 
     def plan(self, active: ActiveLoop) -> WorkPlan | Done:
@@ -94,7 +118,7 @@ class LoopRunner:
             if hasattr(icp, "after"):
                 result = icp.after(active.state, plan, result)
         for obs in active.ctx.observers:
-            obs.on_step(active.state, plan, result)
+            _notify(obs, "on_step", active.state, plan, result)
         active.state = active.loop.advance(active.state, result)
         st = active.state
         events = [
@@ -107,14 +131,15 @@ class LoopRunner:
         return events
 
     def finish(self, active: ActiveLoop, reason: str = "finished") -> LoopResult:
-        """Finalize, notify observers, attach the behaviour record under rollout."""
+        """Finalize (non-finite outputs are an error), notify observers, attach the behaviour record."""
         active.state.done = True
         result = active.loop.finalize(active.state)
+        check_finite(active.state.request_id, result.outputs)
         for icp in active.ctx.interceptors:
             if hasattr(icp, "on_finish"):
                 icp.on_finish(active.state, result)
         for obs in active.ctx.observers:
-            obs.on_finish(active.state, result)
+            _notify(obs, "on_finish", active.state, result)
         if active.ctx.recorder is not None:
             result.behavior = active.ctx.recorder.take(active.state)
         result.metrics.setdefault("steps", active.state.step)

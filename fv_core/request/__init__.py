@@ -2,8 +2,21 @@
 
 from fv_core.loop.contracts import StreamEvent
 from fv_core.request.cancel import CancelScope
+from fv_core.request.params import Params
+from fv_core.request.parts import AudioPart, ImagePart, Part, TextPart, VideoPart
 from fv_core.request.request import Request
 
 TERMINAL_EVENTS = frozenset({"done", "error", "cancelled"})  # kinds that end a request's stream
 
-__all__ = ["TERMINAL_EVENTS", "CancelScope", "Request", "StreamEvent"]
+__all__ = [
+    "TERMINAL_EVENTS",
+    "AudioPart",
+    "CancelScope",
+    "ImagePart",
+    "Params",
+    "Part",
+    "Request",
+    "StreamEvent",
+    "TextPart",
+    "VideoPart",
+]

@@ -304,7 +304,11 @@ class Scheduler:
 
     def _finish_stage(self, entry: Entry) -> None:
         assert isinstance(entry.pending, Done), "only entries whose plan returned Done finish"
-        result = self.runner.finish(entry.active_loop, entry.pending.reason)
+        try:
+            result = self.runner.finish(entry.active_loop, entry.pending.reason)
+        except Exception as exc:  # e.g. non-finite outputs: this request fails, the others go on
+            self._close(entry, exc, StreamEvent("error", entry.request_id, data=exc))
+            return
         self._release(entry)
         program = entry.runnable
         if isinstance(program, Program) and entry.stage + 1 < len(program.stages):

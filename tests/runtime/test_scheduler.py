@@ -69,7 +69,8 @@ def test_queue_limit_says_busy_retry_after(model, denoise):
 
 
 def test_cancel_mid_run_releases_everything(model, denoise):
-    engine = Engine(Budget(compute_s=1.0, memory_bytes=1 << 30))
+    # No compute cap: calibration from measured step times must not make the test depend on machine speed.
+    engine = Engine(Budget(memory_bytes=1 << 30))
     events = []
 
     def on_event(e):

@@ -114,7 +114,7 @@ class FlowMethod:
         chunks = [self.latents(shapes.batch(seed, i, min(64, n - i))[0]) for i in range(0, n, 64)]
         latents = torch.cat(chunks)
         path.parent.mkdir(parents=True, exist_ok=True)
-        encode_s = f"{time.perf_counter() - start:.1f}"  # training time that a cached pool hides from wall_s
+        encode_s = f"{time.perf_counter() - start:.4f}"  # training time that a cached pool hides from wall_s
         save_file({"latents": latents}, path, metadata={**key, "encode_s": encode_s})
         return latents, captions
 

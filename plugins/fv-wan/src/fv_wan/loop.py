@@ -26,20 +26,15 @@ from fv_core import (
     Done,
     LoopResult,
     LoopState,
-    RecipeLoopMismatch,
     StepResult,
     WorkPlan,
     WorkUnitKind,
-    check_loop_request,
 )
 from fv_core.extend import BLOCKS_INPUT
-from fv_wan.cards import DEFAULTS
-from fv_wan.model import live_instance
+from fv_wan.model import WanModel
+from fv_wan.params import WanParams
 from fv_wan.samplers import Schedule, make_sampler
 from fv_wan.transformer import text_kv, wan_forward_kv
-
-CFG_MODES = ("two_forward", "batched")
-MAX_GUIDANCE = 30.0
 
 
 def clean_prompt(text: str) -> str:
@@ -51,65 +46,6 @@ def clean_prompt(text: str) -> str:
     except ImportError:
         pass
     return re.sub(r"\s+", " ", html.unescape(html.unescape(text)).strip()).strip()
-
-
-def resolve_params(card, params: dict[str, Any], loop_id: str | None = None) -> dict[str, Any]:
-    """Fill card defaults and check every request parameter; raise ConfigError naming the fix."""
-    loop_id = loop_id or card.recipe.assumes_loop
-    fallback = {**DEFAULTS["wan2.1-t2v-1.3b"], "sampler": card.loops[card.recipe.assumes_loop].samplers[0]}
-    p = {
-        "negative_prompt": "",
-        "cfg_mode": "two_forward",
-        "max_sequence_length": 512,
-        **DEFAULTS.get(card.model_id, fallback),  # a card may override the generic defaults above
-        **{k: v for k, v in params.items() if v is not None},
-    }
-    if not isinstance(p.get("prompt"), str):
-        raise ConfigError("a prompt (string) is required. Fix: pass prompt='...'")
-    frames, height, width = int(p["num_frames"]), int(p["height"]), int(p["width"])
-    if frames < 1 or (frames - 1) % 4:
-        raise ConfigError(
-            f"num_frames={frames} must be 4k+1 (1, 5, 9, ..., 81): Wan's VAE compresses time by 4. "
-            f"Fix: use {max(1, (frames - 1) // 4 * 4 + 1)}"
-        )
-    if frames > (card.capabilities.max_frames or frames):
-        raise ConfigError(
-            f"num_frames={frames} exceeds this card's max_frames={card.capabilities.max_frames}"
-        )
-    for name, value in (("height", height), ("width", width)):
-        if value < 16 or value % 16:
-            raise ConfigError(
-                f"{name}={value} must be a positive multiple of 16 (VAE x8, patch x2). "
-                f"Fix: use {max(16, value // 16 * 16)}"
-            )
-    max_hw = card.capabilities.max_resolution
-    if max_hw and height * width > max_hw[0] * max_hw[1]:
-        raise ConfigError(f"size {width}x{height} exceeds this card's max resolution {max_hw[1]}x{max_hw[0]}")
-    guidance = float(p["guidance"])
-    if not 0.0 <= guidance <= MAX_GUIDANCE:
-        raise ConfigError(
-            f"guidance={guidance} is outside [0, {MAX_GUIDANCE}]. Fix: use e.g. 5.0 (1.0 disables CFG)"
-        )
-    if p["cfg_mode"] not in CFG_MODES:
-        raise ConfigError(f"cfg_mode={p['cfg_mode']!r} is unknown. Fix: use one of {list(CFG_MODES)}")
-    if loop_id in card.loops and p["sampler"] not in card.loops[loop_id].samplers:
-        raise RecipeLoopMismatch(
-            f"card {card.model_id!r} ({card.recipe.method}) loop {loop_id!r} runs samplers "
-            f"{card.loops[loop_id].samplers}, not {p['sampler']!r}. Fix: use sampler={card.loops[loop_id].samplers[0]!r}"
-        )
-    steps = int(p["steps"])
-    if steps < 1:
-        raise ConfigError(f"steps={steps} must be >= 1")
-    check_loop_request(card, loop_id, steps)
-    return {
-        **p,
-        "num_frames": frames,
-        "height": height,
-        "width": width,
-        "guidance": guidance,
-        "steps": steps,
-        "loop_id": loop_id,
-    }
 
 
 # ---- step bodies: pure functions of their inputs over shared weights ----
@@ -152,60 +88,67 @@ def decode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 class WanLoop:
-    """The Loop for Wan cards (``text_to_video``, ``text_to_image``, ``encode_text``). Holds no request state."""
+    """The Loop of Wan cards (tasks ``t2v`` and ``t2i``), bound to one live WanModel. Holds no request
+    state: every request's state is its LoopState."""
 
-    def init(self, request, instance, ctx=None) -> LoopState:
-        card = instance.card
-        p = resolve_params(card, request.params)
-        task = {"generate": "text_to_video"}.get(request.task, request.task)
-        instance.components_for(task)  # rejects tasks the card does not serve
-        gen = torch.Generator(device="cpu").manual_seed(int(request.seed))
+    def __init__(self, instance: WanModel) -> None:
+        self.instance = instance
+
+    def init(self, request, instance=None, ctx=None) -> LoopState:
+        inst = self.instance
+        if instance is not None and instance is not inst:
+            raise ConfigError("a WanLoop runs requests on the instance it was made for. Fix: model.loop(...)")
+        p = request.params
+        if not isinstance(p, WanParams):
+            raise ConfigError(
+                f"request {request.request_id!r} carries {type(p).__name__} params, not WanParams. "
+                "Fix: build requests with LoadedModel.prepare (fv_core.load(...).prepare(...))."
+            )
+        inst.components_for(request.task)  # rejects tasks the card does not serve
+        loop_id = inst.card.programs[request.task].stages[0]
+        gen = torch.Generator(device="cpu").manual_seed(p.seed)
         state = LoopState(
-            request_id=request.request_id, loop_id=p["loop_id"], total_steps=p["steps"], generator=gen
+            request_id=request.request_id, loop_id=loop_id, total_steps=p.num_inference_steps, generator=gen
         )
-        cfg = p["guidance"] > 1.0 and task != "encode_text"
-        prompts = [clean_prompt(p["prompt"])] + ([clean_prompt(p["negative_prompt"])] if cfg else [])
-        tok = instance.component("tokenizer")
+        cfg = p.guidance_scale > 1.0
+        prompts = [clean_prompt(p.prompt)] + ([clean_prompt(p.negative_prompt)] if cfg else [])
+        tok = inst.component("tokenizer")
         enc = tok(
             prompts,
             padding="max_length",
-            max_length=p["max_sequence_length"],
+            max_length=p.max_sequence_length,
             truncation=True,
             add_special_tokens=True,
             return_attention_mask=True,
             return_tensors="pt",
         )
         state.tensors.update(input_ids=enc.input_ids, mask=enc.attention_mask)
-        cached = [instance.feature_cache.get(k) for k in self._keys(instance, state)]
+        cached = [inst.feature_cache.get(k) for k in self._keys(inst, state)]
         state.values.update(
-            instance=instance.instance_id,
-            task=task,
+            task=request.task,
             cfg=cfg,
-            cfg_mode=p["cfg_mode"],
-            guidance=p["guidance"],
-            sampler=p["sampler"],
+            cfg_mode=p.cfg_mode,
+            guidance=p.guidance_scale,
+            sampler=p.sampler,
+            flow_shift=p.flow_shift,
             phase="encode",
-            steps=p["steps"],
+            steps=p.num_inference_steps,
             cache_hits=sum(c is not None for c in cached),
-            size=[p["num_frames"], p["height"], p["width"]],
-            prompt=p["prompt"],
-            negative_prompt=p["negative_prompt"],
+            size=[p.num_frames, p.height, p.width],
+            prompt=p.prompt,
+            negative_prompt=p.negative_prompt,
         )
         if all(c is not None for c in cached):
-            self._set_embeds(instance, state, torch.stack(cached))
-        if task == "encode_text":
-            return state
-        fixed = card.loops[p["loop_id"]].steps.fixed_timesteps
-        sched = make_sampler(p["sampler"], instance.scheduler_config, fixed).schedule(p["steps"])
+            self._set_embeds(inst, state, torch.stack(cached))
+        sched = self._sampler(inst, state).schedule(p.num_inference_steps)
         state.tensors.update(timesteps=sched.timesteps, sigmas=sched.sigmas)
-        frames, height, width = state.values["size"]
-        shape = (1, 16, (frames - 1) // 4 + 1, height // 8, width // 8)  # Wan VAE: 16 ch, x4 time, x8 space
+        shape = (1, 16, (p.num_frames - 1) // 4 + 1, p.height // 8, p.width // 8)  # 16 ch, x4 time, x8 space
         latents = torch.randn(shape, generator=gen, dtype=torch.float32)  # CPU generator, as diffusers
-        state.tensors["latents"] = latents.to(instance.device)
+        state.tensors["latents"] = latents.to(inst.device)
         return state
 
     def next(self, state: LoopState) -> WorkPlan | Done:
-        inst = live_instance(state.values["instance"])
+        inst = self.instance
         phase, precision = state.values["phase"], str(inst.dtype).removeprefix("torch.")
         if phase == "encode":
             ids = state.tensors["input_ids"]
@@ -247,7 +190,7 @@ class WanLoop:
         return Done()
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
-        inst = live_instance(state.values["instance"])
+        inst = self.instance
         out, phase = result.outputs, state.values["phase"]
         if phase == "encode":
             embeds = out["embeds"]
@@ -294,15 +237,13 @@ class WanLoop:
             "kv_cache_hits": v.get("kv_cache_hits", 0),
             "sampler": v.get("sampler"),
             "cfg": v["cfg_mode"] if v["cfg"] else "off",
-            "kernels": live_instance(v["instance"]).kernel_records(state.tensors.get("latents")),
+            "kernels": self.instance.kernel_records(state.tensors.get("latents")),
         }
-        if v["task"] == "encode_text":
-            return LoopResult({"embeds": state.tensors["text"]}, metrics)
         return LoopResult({"frames": state.tensors["frames"], "latents": state.tensors["latents"]}, metrics)
 
     def estimate(self, state: LoopState) -> tuple[float, int]:
         """Predicted seconds left (denoise steps only; encode and decode are small) and peak bytes."""
-        inst = live_instance(state.values["instance"])
+        inst = self.instance
         if "latents" not in state.tensors:
             return 0.0, 0
         left = state.values["steps"] - state.step
@@ -349,7 +290,8 @@ class WanLoop:
     @staticmethod
     def _sampler(inst, state: LoopState):
         fixed = inst.card.loops[state.loop_id].steps.fixed_timesteps
-        return make_sampler(state.values["sampler"], inst.scheduler_config, fixed)
+        config = {**inst.scheduler_config, "flow_shift": state.values["flow_shift"]}
+        return make_sampler(state.values["sampler"], config, fixed)
 
     def _keys(self, inst, state: LoopState) -> list[CacheKey]:
         ids, mask = state.tensors["input_ids"], state.tensors["mask"]
@@ -385,9 +327,6 @@ class WanLoop:
         state.tensors["text"] = embeds[:1]
         if embeds.shape[0] > 1:
             state.tensors["neg_text"] = embeds[1:2]
-        if state.values["task"] == "encode_text":
-            state.values["phase"] = "done"
-            return
         kv = [inst.kv_cache.get(k) for k in self._kv_keys(inst, state)]
         state.values["kv_cache_hits"] = sum(t is not None for t in kv)
         if all(t is not None for t in kv):

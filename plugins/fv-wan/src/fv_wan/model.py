@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +22,6 @@ from fv_wan.attention import describe, grid_of, install
 from fv_wan.checkpoint import check_layout, load_component, load_scheduler_config, weights_fingerprint
 
 _IDS = itertools.count()
-LIVE: weakref.WeakValueDictionary[str, WanModel] = (
-    weakref.WeakValueDictionary()
-)  # instance_id -> live instance
-
-
-def live_instance(instance_id: str) -> WanModel:
-    """The live instance a loop state was started on (states store its id, never the object)."""
-    try:
-        return LIVE[instance_id]
-    except KeyError:
-        raise ConfigError(
-            f"instance {instance_id!r} is not live in this process; load the card again"
-        ) from None
 
 
 class WanModel:
@@ -49,7 +35,7 @@ class WanModel:
         kernels: dict[str, tuple[Any, dict[str, Any]]] | None = None,
     ):
         self.card = card
-        self.kernels = _check_kernels(card, kernels)  # op -> (impl, selection record); None: diffusers' SDPA
+        self.kernels = _check_kernels(kernels)  # op -> (impl, selection record); None: diffusers' SDPA
         self.weights = check_layout(weights)
         self.device = torch.device(device)
         self.dtype = getattr(torch, card.precision.default)
@@ -65,15 +51,13 @@ class WanModel:
         }
         self._components: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self.instance_id = f"{card.model_id}#{next(_IDS)}"
-        LIVE[self.instance_id] = self
+        self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
 
     def components_for(self, task: str) -> list[str]:
         """Components the card requires for ``task``."""
-        if task not in self.card.capabilities.tasks:
+        if task not in self.card.programs:
             raise ConfigError(
-                f"card {self.card.model_id!r} does not serve task {task!r}. "
-                f"Fix: use one of {sorted(self.card.capabilities.tasks)}"
+                f"card {self.card.model_id!r} does not serve task {task!r}. Fix: use one of {self.card.tasks}"
             )
         return sorted(n for n, spec in self.card.components.items() if task in spec.required_for)
 
@@ -131,20 +115,14 @@ class WanModel:
 
 
 def _check_kernels(
-    card: ModelCard, kernels: dict[str, tuple[Any, dict[str, Any]]] | None
+    kernels: dict[str, tuple[Any, dict[str, Any]]] | None,
 ) -> dict[str, tuple[Any, dict[str, Any]]] | None:
-    """Wan runs an attention kernel only; without resolved kernels the card must ask for plain SDPA."""
-    if kernels is None:
-        variant = card.kernels.get("attention", "sdpa")
-        if variant != "sdpa":
-            raise ConfigError(
-                f"card {card.model_id!r} selects attention {variant!r}, but no kernels were resolved. "
-                "Fix: load it with fv_core.model.load_model(..., kernels=resolve_kernels(host, card))."
-            )
+    """Wan runs an attention kernel only; the built-in ``sdpa`` variant keeps diffusers' own processor."""
+    if not kernels:
         return None
     if set(kernels) != {"attention"}:
         raise ConfigError(
             f"Wan runs an 'attention' kernel only; got kernels for {sorted(kernels)}. "
             "Fix: select only 'attention' for Wan cards."
         )
-    return dict(kernels)
+    return None if kernels["attention"][1]["variant"] == "sdpa" else dict(kernels)

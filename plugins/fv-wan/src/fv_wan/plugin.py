@@ -30,3 +30,8 @@ def fv_register_components(register) -> None:
 @hookimpl
 def fv_register_loops(register) -> None:
     register("wan.t2v", "fv_wan.loop:WanLoop")
+
+
+@hookimpl
+def fv_register_pipelines(register) -> None:
+    register("WanPipeline", "fv_wan.folder:WanFolder")

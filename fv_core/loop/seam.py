@@ -7,8 +7,8 @@ to this request (the plan then runs unbatched) and, once the step is done,
 commits what the hook wrote back into ``LoopState.plugin_state``. The body
 itself never touches LoopState: a body that fails leaves the state as it was.
 
-This module imports nothing from the rest of ``fv_core.extend`` so the loop
-runner can use it without an import cycle.
+It lives with the loop runner that applies it; ``fv_core.extend`` (the plugin-facing
+protocols) re-exports its public names, so ``extend`` depends on ``loop`` and never back.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class BlockHook:
     after the step.
     """
 
-    interceptor: Any  # a BlockInterceptor (fv_core.extend.protocols)
+    interceptor: Any  # a BlockInterceptor (fv_core.extend.BlockInterceptor)
     caches: dict[str, dict[str, Any]] = field(default_factory=dict)  # working copy of the plugin's state
 
     def run(self, branch: str, hidden: torch.Tensor, num_blocks: int, block: BlockFn) -> torch.Tensor:

@@ -1,0 +1,88 @@
+"""Re-running a recorded request: a provenance JSON back into a load and a request.
+
+The provenance holds the resolved params (defaults included), the task, the weights folder,
+the kernels, interceptors and plugin options that ran, and the plugins that provided them;
+``fv generate --replay out.json`` loads the same way and asks the same, so the frames match
+bit for bit on the same machine and versions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fv_core.deploy.card import DeploymentCard, ModelDeploy
+from fv_core.errors import ConfigError
+from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPlan:
+    """How to load and what to ask, read from a provenance file."""
+
+    model: str  # card id or folder that was loaded
+    weights: str  # checkpoint folder
+    task: str  # the card's task
+    params: dict[str, Any]  # every resolved param
+    plugin_options: dict[str, dict[str, Any]]  # options to ask for (empty when the deploy holds them)
+    deploy: DeploymentCard | None  # kernels, interceptors and options that ran (None: a folder's card)
+
+
+def replay_plan(host: PluginHost, path: str | Path) -> ReplayPlan:
+    """The load and the request recorded in the provenance file ``path``."""
+    try:
+        prov = json.loads(Path(path).read_text())
+        model, weights, task, params = prov["model"], prov["weights"], prov["task"], prov["params"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"{str(path)!r} is not a provenance file fv wrote ({type(exc).__name__}: {exc}). "
+            "Fix: pass the .json written next to an artifact."
+        ) from None
+    options = prov.get("plugin_options") or {}
+    kernels = (prov.get("deploy") or {}).get("kernels") or {}
+    if model not in host.registries.cards:  # a card built from a folder runs its default kernels
+        return ReplayPlan(model, weights, task, params, options, None)
+    deploy = one_model_deploy(host, model, weights, kernels, prov.get("interceptors") or [], options)
+    return ReplayPlan(model, weights, task, params, {}, deploy)
+
+
+def one_model_deploy(
+    host: PluginHost,
+    card: str,
+    weights: str | None,
+    kernels: Mapping[str, str] | None = None,
+    interceptors: Sequence[str] = (),
+    plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> DeploymentCard:
+    """A deployment of one card with these kernels and interceptors, enabling the plugins they need."""
+    if card not in host.registries.cards:
+        raise ConfigError(
+            f"kernels and interceptors are chosen for registered cards; {card!r} is not one. "
+            "Fix: load it by card id (see `fv cards`)."
+        )
+    registries = host.registries
+    plugins = {
+        registries.cards.plugin_of(card),
+        *(registries.interceptors.plugin_of(n) for n in interceptors),
+    }
+    plugins |= set(plugin_options or {})
+    plugins |= {
+        registries.kernels.plugin_of(key)
+        for key in registries.kernels
+        if isinstance(key, tuple) and (key[0], key[3]) in set((kernels or {}).items())
+    }
+    parent = host.card(card).parent
+    if parent is not None:
+        plugins.add(registries.cards.plugin_of(parent))
+    return DeploymentCard(
+        plugins=sorted(plugins - {BUILTIN_PLUGIN}),
+        models=[
+            ModelDeploy(
+                card=card, weights=weights, kernels=dict(kernels or {}), interceptors=list(interceptors)
+            )
+        ],
+        plugin_options={p: dict(o) for p, o in (plugin_options or {}).items()},
+    )

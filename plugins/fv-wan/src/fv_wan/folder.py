@@ -1,0 +1,64 @@
+"""Wan checkpoint folders (``model_index.json`` class ``WanPipeline``): cards from their own configs,
+and named cards adapted to the folder they run on.
+
+Registered as the reader of ``WanPipeline`` folders: ``fv_core.load("/models/Wan2.1-T2V-1.3B-Diffusers")``
+builds a card from the folder, like diffusers' auto pipelines; a named card on a folder takes its
+sampler and flow shift defaults from the folder's scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fv_core import ModelCard, StepCostModel
+from fv_wan.cards import base_card
+
+# scheduler class in the folder -> the fv sampler that reproduces it
+SAMPLER_OF = {"UniPCMultistepScheduler": "unipc", "FlowMatchEulerDiscreteScheduler": "euler"}
+
+
+def _config(folder: Path, file: str) -> dict[str, Any]:
+    return json.loads((folder / file).read_text())
+
+
+def scheduler_defaults(folder: Path) -> dict[str, Any]:
+    """The sampler and flow shift the folder's scheduler config describes."""
+    config = _config(folder, "scheduler/scheduler_config.json")
+    sampler = SAMPLER_OF.get(config.get("_class_name", ""), "unipc")
+    shift = config.get("flow_shift") if sampler == "unipc" else config.get("shift")
+    return {"sampler": sampler, "flow_shift": float(shift if shift is not None else 1.0)}
+
+
+class WanFolder:
+    """The ``WanPipeline`` reader (``fv_register_pipelines``)."""
+
+    @staticmethod
+    def card(folder: Path) -> ModelCard:
+        """A card for whatever Wan the folder holds: its configs, diffusers' WanPipeline defaults."""
+        dit = _config(folder, "transformer/config.json")
+        blocks, width = dit["num_layers"], dit["num_attention_heads"] * dit["attention_head_dim"]
+        return WanFolder.bind(
+            base_card(
+                f"wan:{folder.name}",
+                f"Wan checkpoint at {folder} ({blocks} blocks, width {width}); card built from its configs.",
+                StepCostModel(base_s=1e-4 * blocks, per_token_s=1e-9 * blocks * width),
+                defaults={},
+                config=None,
+                max_frames=None,
+                max_resolution=None,
+                kv_capacity=8,
+            ),
+            folder,
+        )
+
+    @staticmethod
+    def bind(card: ModelCard, folder: Path) -> ModelCard:
+        """``card`` whose sampler and flow shift defaults, where it sets none, follow the folder's scheduler."""
+        follow = scheduler_defaults(folder)
+        card = card.model_copy(deep=True)
+        for program in card.programs.values():
+            for key, value in follow.items():
+                program.defaults.setdefault(key, value)
+        return card

@@ -1,0 +1,84 @@
+"""The request parameters of Wan's text-to-video loop, declared once.
+
+Names follow diffusers' ``WanPipeline.__call__`` (and the server's JSON); every card sets
+their defaults (``fv cards --json`` prints them); ``check`` holds the rules that depend on
+the card.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from fv_core import ConfigError, ModelCard, Params, RecipeLoopMismatch
+
+MAX_GUIDANCE = 30.0
+
+
+def _limit(name: str, *cli: str) -> dict:
+    return {"limit": name, "cli": list(cli)}
+
+
+class WanParams(Params):
+    """One Wan generation; the card supplies every default but ``prompt``."""
+
+    prompt: str = Field(min_length=1, max_length=10_000, description="what the video shows")
+    negative_prompt: str = Field(max_length=10_000, description="what to steer away from (CFG only)")
+    num_frames: int = Field(
+        ge=1,
+        description="frames, 4k+1 (Wan's VAE packs 4 frames a latent)",
+        json_schema_extra=_limit("max_frames", "--frames"),
+    )
+    height: int = Field(ge=16, description="pixels, a multiple of 16", json_schema_extra=_limit("max_height"))
+    width: int = Field(ge=16, description="pixels, a multiple of 16", json_schema_extra=_limit("max_width"))
+    num_inference_steps: int = Field(
+        ge=1, description="denoising steps", json_schema_extra=_limit("max_steps", "--steps")
+    )
+    guidance_scale: float = Field(
+        ge=0.0,
+        le=MAX_GUIDANCE,
+        description="CFG scale; 1 turns CFG off",
+        json_schema_extra=_limit("max_guidance", "--guidance"),
+    )
+    sampler: Literal["unipc", "euler", "dmd"] = Field(description="sampler (the card's loop lists its own)")
+    flow_shift: float = Field(gt=0.0, le=100.0, description="flow-matching sigma shift")
+    max_sequence_length: int = Field(ge=1, le=512, description="prompt tokens (padded or truncated)")
+    cfg_mode: Literal["two_forward", "batched"] = Field(description="CFG as two forwards or one batched")
+    fps: int = Field(ge=1, le=240, description="frames per second of the saved video")
+
+    def check(self, card: ModelCard, loop_id: str) -> None:
+        frames = self.num_frames
+        if (frames - 1) % 4:
+            raise ConfigError(
+                f"num_frames={frames} must be 4k+1 (1, 5, 9, ..., 81): Wan's VAE compresses time by 4. "
+                f"Fix: use {max(1, (frames - 1) // 4 * 4 + 1)}",
+                param="num_frames",
+            )
+        if frames > (card.capabilities.max_frames or frames):
+            raise ConfigError(
+                f"num_frames={frames} exceeds this card's max_frames={card.capabilities.max_frames}. "
+                f"Fix: use at most {card.capabilities.max_frames}",
+                param="num_frames",
+            )
+        for name, value in (("height", self.height), ("width", self.width)):
+            if value % 16:
+                raise ConfigError(
+                    f"{name}={value} must be a multiple of 16 (VAE x8, patch x2). "
+                    f"Fix: use {max(16, value // 16 * 16)}",
+                    param=name,
+                )
+        max_hw = card.capabilities.max_resolution
+        if max_hw and self.height * self.width > max_hw[0] * max_hw[1]:
+            raise ConfigError(
+                f"size {self.width}x{self.height} exceeds this card's max resolution {max_hw[1]}x{max_hw[0]}. "
+                "Fix: ask for a smaller size",
+                param="height",
+            )
+        samplers = card.loops[loop_id].samplers
+        if self.sampler not in samplers:
+            raise RecipeLoopMismatch(
+                f"card {card.model_id!r} ({card.recipe.method}) loop {loop_id!r} runs samplers {samplers}, "
+                f"not {self.sampler!r}. Fix: use sampler={samplers[0]!r}",
+                param="sampler",
+            )
