@@ -8,7 +8,6 @@ Unexpected failures answer 500 without a stack trace.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -29,20 +28,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fv_core.deploy.card import DeploymentCard
 from fv_core.plugins import PluginHost, load_plugins
+from fv_core.registry import resolve_lazy
 from fv_core.serving.jobs import JobStore
 from fv_core.serving.metrics import CONTENT_TYPE, Metrics
 from fv_core.serving.schemas import (
     ErrorBody,
     ErrorDetail,
-    ImageCreate,
+    ImageBase,
     ImageData,
     ImagesResponse,
     Model,
     ModelList,
+    Strict,
     Video,
-    VideoCreate,
+    VideoBase,
     VideoDeleted,
     VideoList,
+    with_params,
 )
 from fv_core.serving.service import ApiError, Service
 
@@ -61,12 +63,18 @@ def create_app(
     api_key: str | None = None,
     device: str = "cpu",
 ) -> FastAPI:
-    """An app serving ``deploy``; models load and the engine starts in its lifespan."""
+    """An app serving ``deploy``; models load and the engine starts in its lifespan.
+
+    The request bodies (and so the OpenAPI schema) are OpenAI's fields plus the request params
+    of the deployed cards' tasks, from their loops' Params."""
     metrics = Metrics()
+    plugins = host if host is not None else load_plugins()
+    params = _served_params(deploy, plugins)
+    video_body = with_params(VideoBase, params, "VideoCreate")
+    image_body = with_params(ImageBase, params, "ImageCreate")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        plugins = host if host is not None else await asyncio.to_thread(load_plugins)
         store = JobStore(data_dir or deploy.data_dir)
         service = Service(deploy, plugins, store, metrics, device)
         try:
@@ -79,7 +87,7 @@ def create_app(
 
     app = FastAPI(title="fv", summary="OpenAI-compatible video and image generation", lifespan=lifespan)
     _add_error_handlers(app)
-    app.include_router(_v1_router(api_key), prefix="/v1")
+    app.include_router(_v1_router(api_key, video_body, image_body), prefix="/v1")
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
@@ -97,7 +105,23 @@ def _service(request: Request) -> Service:
     return request.app.state.service
 
 
-def _v1_router(api_key: str | None) -> APIRouter:
+def _served_params(deploy: DeploymentCard, host: PluginHost) -> list[type[Any]]:
+    """The Params classes of every task of every deployed card (cards that fail to assemble add none:
+    loading reports them)."""
+    classes: list[type[Any]] = []
+    for m in deploy.models:
+        try:
+            card = host.card(m.card)
+        except Exception:
+            continue
+        for program in card.programs.values():
+            cls = resolve_lazy(card.loops[program.stages[0]].params)
+            if cls not in classes:
+                classes.append(cls)
+    return classes
+
+
+def _v1_router(api_key: str | None, video_body: type[Strict], image_body: type[Strict]) -> APIRouter:
     bearer = HTTPBearer(auto_error=False)
 
     def authorize(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -112,10 +136,10 @@ def _v1_router(api_key: str | None) -> APIRouter:
 
     router = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS)
 
-    @router.post("/videos", response_model=Video, openapi_extra=_body_doc(VideoCreate))
+    @router.post("/videos", response_model=Video, openapi_extra=_body_doc(video_body))
     async def create_video(request: Request, service: Service = Depends(_service)) -> Video:
-        body = _validate(VideoCreate, await _read_body(request))
-        return await service.create_video(body)
+        body = _validate(video_body, await _read_body(request))
+        return await service.create_video(body)  # type: ignore[arg-type]
 
     @router.get("/videos", response_model=VideoList)
     async def list_videos(
@@ -161,8 +185,9 @@ def _v1_router(api_key: str | None) -> APIRouter:
             raise _no_video(video_id)
         return VideoDeleted(id=video_id)
 
-    @router.post("/images/generations", response_model=ImagesResponse)
-    async def generate_images(body: ImageCreate, service: Service = Depends(_service)) -> ImagesResponse:
+    @router.post("/images/generations", response_model=ImagesResponse, openapi_extra=_body_doc(image_body))
+    async def generate_images(request: Request, service: Service = Depends(_service)) -> ImagesResponse:
+        body: Any = _validate(image_body, await _read_body(request))
         images = await service.generate_images(body)
         return ImagesResponse(
             created=int(time.time()), data=[ImageData(b64_json=b) for b in images], size=body.size
@@ -194,7 +219,7 @@ def _no_video(video_id: str) -> ApiError:
 # -- request bodies ---------------------------------------------------------------------------------
 
 
-def _body_doc(model: type[VideoCreate]) -> dict[str, Any]:
+def _body_doc(model: type[Strict]) -> dict[str, Any]:
     """OpenAPI for a body read by hand: the same schema as JSON and as a multipart form."""
     schema = model.model_json_schema()
     content = {"application/json": {"schema": schema}, "multipart/form-data": {"schema": schema}}
@@ -240,7 +265,7 @@ def _nest(items: list[tuple[str, str | UploadFile]]) -> dict[str, Any]:
     return out
 
 
-def _validate(model: type[VideoCreate], data: dict[str, Any]) -> VideoCreate:
+def _validate(model: type[Strict], data: dict[str, Any]) -> Strict:
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -1,38 +1,25 @@
 """HTTP request and response bodies, shaped like OpenAI's video and image APIs.
 
-Requests forbid unknown fields: fv's extras (``num_frames``, ``seed``, ...)
-arrive as top-level fields, which is where the ``openai`` client merges
-``extra_body``. Multipart forms send every value as a string; pydantic's lax
+Requests forbid unknown fields: the request params of the served cards
+(``num_frames``, ``seed``, ... from each loop's Params) arrive as top-level
+fields, which is where the ``openai`` client merges ``extra_body``. Multipart forms send every value as a string; pydantic's lax
 mode turns ``"5"`` into 5.
 """
 
 from __future__ import annotations
 
+from copy import copy
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-MAX_SEED = 2**63 - 1
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class GenerationExtras(Strict):
-    """fv's generation knobs shared by videos and images (absent: the card's defaults)."""
-
-    negative_prompt: str | None = Field(None, max_length=10_000)
-    num_inference_steps: int | None = Field(None, ge=1)
-    guidance_scale: float | None = Field(None, ge=0)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    plugin_options: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="plugin -> options, for plugins the deployment enables"
-    )
-
-
-class VideoCreate(GenerationExtras):
-    """``POST /v1/videos`` (JSON or multipart)."""
+class VideoBase(Strict):
+    """``POST /v1/videos`` fields of OpenAI's API; the served cards' request params join them."""
 
     prompt: str = Field(min_length=1, max_length=10_000)
     model: str | None = Field(None, description="served model name; default: the first deployed model")
@@ -40,13 +27,14 @@ class VideoCreate(GenerationExtras):
         None, gt=0, le=3600, description="clip length; sets num_frames = seconds*fps+1"
     )
     size: str | None = Field(None, pattern=r"^[0-9]{1,5}x[0-9]{1,5}$", description="WIDTHxHEIGHT")
-    input_reference: Any = Field(None, description="reference image (upload, or {image_url} / {file_id})")
-    num_frames: int | None = Field(None, ge=1)
-    fps: int = Field(16, ge=1, le=240)
+    input_reference: Any = Field(None, description="reference image (upload), for tasks that take an image")
+    plugin_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="plugin -> options, for plugins the deployment enables"
+    )
 
 
-class ImageCreate(GenerationExtras):
-    """``POST /v1/images/generations``."""
+class ImageBase(Strict):
+    """``POST /v1/images/generations`` fields of OpenAI's API; the served cards' request params join them."""
 
     prompt: str = Field(min_length=1, max_length=10_000)
     model: str | None = None
@@ -55,6 +43,27 @@ class ImageCreate(GenerationExtras):
         None, pattern=r"^([0-9]{1,5}x[0-9]{1,5}|auto)$", description="WIDTHxHEIGHT or auto"
     )
     response_format: Literal["b64_json"] = "b64_json"
+    plugin_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="plugin -> options, for plugins the deployment enables"
+    )
+
+
+# Body fields that are OpenAI's, not a card's request params.
+API_FIELDS = frozenset(VideoBase.model_fields) | frozenset(ImageBase.model_fields)
+
+
+def with_params(base: type[Strict], params: list[type[BaseModel]], name: str) -> type[Strict]:
+    """``base`` plus every field of ``params`` (the served cards' Params), optional: an omitted field
+    takes the card's default. Its OpenAPI schema is the derived request contract."""
+    fields: dict[str, Any] = {}
+    for cls in params:
+        for field, info in cls.model_fields.items():
+            if field in base.model_fields or field in fields:
+                continue
+            optional = copy(info)
+            optional.default = None
+            fields[field] = (info.annotation | None, optional)
+    return create_model(name, __base__=base, **fields)
 
 
 class JobError(BaseModel):

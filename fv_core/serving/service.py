@@ -20,16 +20,18 @@ from typing import Any
 import numpy as np
 
 from fv_core.deploy.card import DeploymentCard, ModelDeploy
-from fv_core.deploy.check import check_deploy, deploy_plugin_options, validate_plugin_options
-from fv_core.errors import AdmissionInfeasible, Cancelled, ConfigError, QueueFull
-from fv_core.model import LoadedModel, build_interceptors, load_model, resolve_kernels
+from fv_core.errors import AdmissionInfeasible, Cancelled, ConfigError, LimitExceeded, QueueFull
+from fv_core.load import load
+from fv_core.model import LoadedModel
 from fv_core.plugins import PluginHost
+from fv_core.request import Request
+from fv_core.request.params import MAX_SEED
 from fv_core.runtime import AsyncEngine, Budget, Engine
 from fv_core.serving.jobs import JobStore, new_job_id
 from fv_core.serving.metrics import Metrics
-from fv_core.serving.schemas import MAX_SEED, GenerationExtras, ImageCreate, Video, VideoCreate
+from fv_core.serving.schemas import API_FIELDS, ImageBase, Video, VideoBase
 
-IMAGE_TASK = "text_to_image"
+IMAGE_TASK = "t2i"  # the task /v1/images/generations runs
 
 
 class ApiError(Exception):
@@ -83,22 +85,17 @@ class Service:
             await asyncio.wait(self._tasks, timeout=30)
 
     def _load_models(self) -> dict[str, ServedModel]:
-        problems = check_deploy(self.deploy, self.host, self.device)
-        if problems:
-            raise ConfigError("the deployment is invalid:\n" + "\n".join(f"  - {p}" for p in problems))
+        """Every deployed model, loaded as ``fv_core.load(name, deploy=...)`` loads it."""
         now = int(time.time())
-        return {m.served_name: ServedModel(m.served_name, m, self._load(m), now) for m in self.deploy.models}
-
-    def _load(self, m: ModelDeploy) -> LoadedModel:
-        """``m``'s card on its weights, running the kernels the deploy selects with their plugins' options."""
-        options = deploy_plugin_options(self.host, self.deploy)
-        card = self.host.card(m.card)
-        kernels = resolve_kernels(self.host, card, self.device, options, requested=m.kernels)
-        interceptors = build_interceptors(self.host, m.interceptors, options)
-        plugin = self.host.registries.cards.plugin_of(m.card)
-        return load_model(
-            card, m.weights, self.device, plugin=plugin, kernels=kernels, interceptors=interceptors
-        )
+        return {
+            m.served_name: ServedModel(
+                m.served_name,
+                m,
+                load(m.served_name, deploy=self.deploy, device=self.device, host=self.host),
+                now,
+            )
+            for m in self.deploy.models
+        }
 
     def model(self, name: str | None) -> ServedModel:
         """A served model by name (default: the first deployed); unknown names answer 404."""
@@ -115,32 +112,36 @@ class Service:
 
     # -- videos ---------------------------------------------------------------------------------------
 
-    async def create_video(self, body: VideoCreate) -> Video:
+    async def create_video(self, body: VideoBase) -> Video:
         served = self.model(body.model)
-        if body.input_reference is not None:
-            tasks = sorted(served.loaded.card.capabilities.tasks)
+        task = served.loaded.card.tasks[0]
+        program = served.loaded.card.programs[task]
+        if (
+            body.input_reference is not None
+            and "image" not in served.loaded.card.loops[program.stages[0]].accepts
+        ):
             raise ApiError(
                 400,
-                f"model {served.name!r} takes no input_reference: it serves {tasks}, none of them "
-                "image-conditioned. Fix: drop input_reference.",
+                f"model {served.name!r} takes no input_reference: its task {task!r} takes no image. "
+                "Fix: drop input_reference.",
                 "unsupported_parameter",
                 "input_reference",
             )
-        width, height = parse_size(body.size)
-        frames = body.num_frames
-        if frames is None and body.seconds is not None:
-            frames = round(body.seconds * body.fps) + 1
-        params = self._params(served, body, frames, width, height)
-        loop, request, instance = self._job(served, params, _seed(body.seed), None)
-        rid = await self._submit(loop, request, instance)
+        raw = self._raw(body, program.defaults)
+        if body.seconds is not None and "num_frames" not in raw:
+            raw["num_frames"] = round(body.seconds * raw.get("fps", program.defaults.get("fps", 16))) + 1
+        request = self._prepare(served, raw, task, body.plugin_options)
+        rid = await self._submit(*served.loaded.job(request))
         job_id = new_job_id()
-        seconds = f"{frames / body.fps:g}" if frames is not None else "auto"
-        video = self.store.create(job_id, served.name, body.size or "auto", seconds, body.prompt)
+        p = request.params
+        size = f"{p.width}x{p.height}" if hasattr(p, "width") else "auto"
+        seconds = f"{p.num_frames / p.fps:g}" if hasattr(p, "num_frames") and hasattr(p, "fps") else "auto"
+        video = self.store.create(job_id, served.name, size, seconds, body.prompt)
         self.live[job_id] = rid
         self.metrics.requests.labels(served.name, "video").inc()
-        task = asyncio.create_task(self._run_video(job_id, rid, served.name, body.fps))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task_ = asyncio.create_task(self._run_video(job_id, rid, served.name, getattr(p, "fps", 16)))
+        self._tasks.add(task_)
+        task_.add_done_callback(self._tasks.discard)
         return video
 
     async def _run_video(self, job_id: str, rid: str, model: str, fps: int) -> None:
@@ -173,25 +174,28 @@ class Service:
 
     # -- images ---------------------------------------------------------------------------------------
 
-    async def generate_images(self, body: ImageCreate) -> list[str]:
+    async def generate_images(self, body: ImageBase) -> list[str]:
         """``n`` images as base64 PNGs; waits for them (like OpenAI's images API)."""
         served = self.model(body.model)
-        tasks = served.loaded.card.capabilities.tasks
+        tasks = served.loaded.card.tasks
         if IMAGE_TASK not in tasks:
             raise ApiError(
                 400,
-                f"model {served.name!r} does not generate images (it serves {sorted(tasks)}). "
-                f"Fix: use a model that serves {IMAGE_TASK!r}.",
+                f"model {served.name!r} does not generate images (its tasks are {tasks}). "
+                f"Fix: use a model with the task {IMAGE_TASK!r}.",
                 "unsupported_model",
                 "model",
             )
-        width, height = parse_size(None if body.size == "auto" else body.size)
-        params = self._params(served, body, 1, width, height)
-        seed = _seed(body.seed)
+        raw = self._raw(body, served.loaded.card.programs[IMAGE_TASK].defaults)
+        seed = raw.pop("seed")
+        requests = [
+            self._prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, IMAGE_TASK, body.plugin_options)
+            for i in range(body.n)
+        ]
         rids: list[str] = []
         try:
-            for i in range(body.n):
-                rids.append(await self._submit(*self._job(served, params, (seed + i) % MAX_SEED, IMAGE_TASK)))
+            for request in requests:
+                rids.append(await self._submit(*served.loaded.job(request)))
         except ApiError:
             await asyncio.gather(*(self._abandon(rid) for rid in rids))
             raise
@@ -223,82 +227,27 @@ class Service:
 
     # -- shared ---------------------------------------------------------------------------------------
 
-    def _params(
-        self,
-        served: ServedModel,
-        body: GenerationExtras,
-        frames: int | None,
-        width: int | None,
-        height: int | None,
-    ) -> dict:
-        """Loop parameters after the deployment's limits and the plugin-option trust boundary.
-
-        Omitted values are checked as the card's defaults, which the loop will use."""
-        limits, defaults = self.deploy.limits, served.loaded.card.defaults
-
-        def or_default(given: Any, name: str) -> Any:
-            return defaults.get(name) if given is None else given
-
-        checks = (
-            (
-                "num_frames",
-                or_default(frames, "num_frames"),
-                limits.max_frames,
-                "max_frames",
-                "fewer frames (or seconds)",
-            ),
-            ("width", or_default(width, "width"), limits.max_width, "max_width", "a smaller size"),
-            ("height", or_default(height, "height"), limits.max_height, "max_height", "a smaller size"),
-            (
-                "num_inference_steps",
-                or_default(body.num_inference_steps, "steps"),
-                limits.max_steps,
-                "max_steps",
-                "fewer steps",
-            ),
-            (
-                "guidance_scale",
-                or_default(body.guidance_scale, "guidance"),
-                limits.max_guidance,
-                "max_guidance",
-                "a lower guidance",
-            ),
-        )
-        for param, value, limit, rule, fix in checks:
-            if value is not None and value > limit:
-                raise ApiError(
-                    400,
-                    f"{param}={value} exceeds this deployment's limit {rule}={limit}. Fix: ask for {fix}, "
-                    f"at most {limit}.",
-                    "limit_exceeded",
-                    param,
-                )
-        options: dict[str, Any] = {}
-        for plugin, opts in body.plugin_options.items():
-            try:
-                options[plugin] = validate_plugin_options(self.host, self.deploy, plugin, opts).model_dump(
-                    exclude_unset=True
-                )
-            except ConfigError as exc:
-                raise ApiError(400, str(exc), "invalid_plugin_options", "plugin_options") from None
-        params = {
-            "prompt": getattr(body, "prompt", None),
-            "negative_prompt": body.negative_prompt,
-            "num_frames": frames,
-            "height": height,
-            "width": width,
-            "steps": body.num_inference_steps,
-            "guidance": body.guidance_scale,
-            "plugin_options": options or None,
-        }
-        return {k: v for k, v in params.items() if v is not None}
+    @staticmethod
+    def _raw(body: VideoBase | ImageBase, defaults: dict[str, Any]) -> dict[str, Any]:
+        """The request params a body sets: its param fields, ``size`` as width/height, a random seed
+        when it sets none (omitted params take the card's ``defaults`` in ``prepare``)."""
+        raw = body.model_dump(exclude=set(API_FIELDS - {"prompt"}), exclude_none=True)
+        width, height = parse_size(None if body.size == "auto" else body.size)
+        if width is not None:
+            raw.update(width=width, height=height)
+        raw.setdefault("seed", secrets.randbelow(2**31))
+        return raw
 
     @staticmethod
-    def _job(served: ServedModel, params: dict, seed: int, task: str | None) -> tuple[Any, Any, Any]:
+    def _prepare(served: ServedModel, raw: dict[str, Any], task: str, options: dict[str, Any]) -> Request:
+        """The typed request; bad values, limits and plugin options answer 400 naming the param."""
         try:
-            return served.loaded.job(params, seed, task)
+            return served.loaded.prepare(raw, task=task, plugin_options=options)
+        except LimitExceeded as exc:
+            raise ApiError(400, str(exc), "limit_exceeded", exc.param) from None
         except ConfigError as exc:
-            raise ApiError(400, str(exc), "invalid_request") from None
+            code = "invalid_plugin_options" if exc.param == "plugin_options" else "invalid_request"
+            raise ApiError(400, str(exc), code, exc.param) from None
 
     async def _submit(self, loop: Any, request: Any, instance: Any) -> str:
         """Hand a job to the engine; refusals become 429 / 400 answers."""
@@ -345,10 +294,6 @@ def parse_size(size: str | None) -> tuple[int | None, int | None]:
         return None, None
     width, height = (int(v) for v in size.split("x"))
     return width, height
-
-
-def _seed(seed: int | None) -> int:
-    return seed if seed is not None else secrets.randbelow(2**31)
 
 
 def _uint8(frames: np.ndarray) -> np.ndarray:

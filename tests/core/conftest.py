@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fv_core import ComponentSpec, LoopKind, LoopSpec, ModelCard, RecipeSpec, WorkUnitKind
+from fv_core import ComponentSpec, LoopKind, LoopSpec, ModelCard, ProgramSpec, RecipeSpec, WorkUnitKind
 from fv_core.card import CacheContract, CapabilityMatrix
 from fv_core.plugins import PluginHost
 
@@ -23,8 +23,8 @@ def make_card(model_id: str = "toy", **overrides) -> ModelCard:
         family="toy",
         description="a toy card for core tests",
         components={
-            "dit": ComponentSpec(kind="dit", load_id="torch.nn:Linear", required_for={"text_to_video"}),
-            "vae": ComponentSpec(kind="vae", load_id="torch.nn:Identity", required_for={"text_to_video"}),
+            "dit": ComponentSpec(kind="dit", load_id="torch.nn:Linear", required_for={"t2v"}),
+            "vae": ComponentSpec(kind="vae", load_id="torch.nn:Identity", required_for={"t2v"}),
         },
         loops={
             "denoise": LoopSpec(
@@ -35,8 +35,9 @@ def make_card(model_id: str = "toy", **overrides) -> ModelCard:
                 cache_policy=["text"],
             )
         },
+        programs={"t2v": ProgramSpec(stages=["denoise"])},
         recipe=RecipeSpec(assumes_loop="denoise"),
-        capabilities=CapabilityMatrix(tasks={"text_to_video"}, interceptors={"block_skip"}),
+        capabilities=CapabilityMatrix(interceptors={"block_skip"}),
         caches={"text": CacheContract(kind="feature", key_fields=["model", "content_hash"])},
     )
     fields.update(overrides)

@@ -1,12 +1,19 @@
 import pytest
 
-from fv_core import CardValidationError, RecipeLoopMismatch, StepsContract
-from fv_core.card import CacheContract, ComponentSpec, RecipeSpec, card_from_dict, check_loop_request
+from fv_core import CardValidationError, ConfigError, RecipeLoopMismatch, StepsContract
+from fv_core.card import (
+    CacheContract,
+    ComponentSpec,
+    RecipeSpec,
+    card_from_dict,
+    check_loop_request,
+    validate_card,
+)
 from tests.core.conftest import make_card
 
 
 def test_valid_card_passes():
-    assert make_card().validate().model_id == "toy"
+    assert validate_card(make_card()).model_id == "toy"
 
 
 def loop_with(**changes):
@@ -52,7 +59,7 @@ def loop_with(**changes):
                 components={"dit": ComponentSpec(kind="dit", load_id="a:b", required_for={"i2v"})}
             ),
             "components.dit.required_for",
-            "capabilities.tasks",
+            "declare the task in programs",
         ),
         (
             lambda: make_card(
@@ -77,7 +84,7 @@ def loop_with(**changes):
 )
 def test_each_error_names_card_field_and_fix(card, field, fix):
     with pytest.raises(CardValidationError) as info:
-        card().validate()
+        validate_card(card())
     err = info.value
     assert err.card == "toy" and err.field == field
     assert fix in str(err) and str(err).startswith(f"card 'toy': {field}:")
@@ -86,7 +93,7 @@ def test_each_error_names_card_field_and_fix(card, field, fix):
 def test_unknown_fields_rejected_from_data():
     data = make_card().model_dump()
     data["loops"]["denoise"]["num_stepz"] = 4
-    with pytest.raises(CardValidationError, match=r"card 'toy': loops.denoise.num_stepz: .*remove it"):
+    with pytest.raises(ConfigError, match=r"card 'toy': loops.denoise.num_stepz: .*Fix: remove it"):
         card_from_dict(data)
 
 

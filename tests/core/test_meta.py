@@ -29,17 +29,19 @@ def test_hook_names_cover_every_registry():
 def test_public_api_is_pinned():
     assert sorted(fv_core.__all__) == fv_core.__all__, "keep __all__ sorted"
     assert fv_core.__all__ == [
-        "AdmissionInfeasible", "AsyncEngine", "BatchKey", "Budget", "CacheContract", "CacheKey", "Cancelled",
-        "CapabilityMatrix", "CardValidationError", "ComponentSpec", "ConfigError", "DeploymentCard", "Done",
-        "DuplicateKeyError", "Engine", "FeatureCache", "FvError", "LoadedModel", "Loop", "LoopContext",
-        "LoopKind", "LoopResult", "LoopRunner", "LoopSpec", "LoopState", "ModelCard", "Observer",
-        "ParallelismContract", "ParityAligner", "ParitySpec", "PluginHost", "PluginLoadError",
-        "PrecisionContract", "Profile", "Program", "QueueFull", "RecipeLoopMismatch", "RecipeSpec", "Request",
-        "Stage", "StepCostModel", "StepInterceptor", "StepResult", "StepsContract", "StreamEvent",
-        "UnknownKeyError", "VideoArtifact", "WeightsError", "WorkPlan", "WorkUnitKind",
-        "assert_interleave_parity", "check_batched_parity", "check_loop_request", "content_hash",
-        "generate_video", "hookimpl", "load_deploy", "load_model", "load_plugins", "lookup_kernel",
-        "plugin_slot", "resolve_lazy",
+        "AdmissionInfeasible", "AsyncEngine", "AudioArtifact", "AudioPart", "BaseObserver", "BatchKey",
+        "BlockInterceptor", "Budget", "CacheContract", "CacheKey", "Cancelled", "CapabilityMatrix",
+        "CardValidationError", "CardVariant", "ComponentSpec", "ConfigError", "DeploymentCard", "Done",
+        "DuplicateKeyError", "Engine", "FeatureCache", "FvError", "ImageArtifact", "ImagePart",
+        "LimitExceeded", "LoadedModel", "Loop", "LoopContext", "LoopKind", "LoopResult", "LoopRunner",
+        "LoopSpec", "LoopState", "ModelCard", "NonFiniteOutput", "Observer", "ParallelismContract",
+        "Params", "ParityAligner", "ParitySpec", "Part", "PluginHost", "PluginLoadError",
+        "PrecisionContract", "Profile", "Program", "ProgramSpec", "QueueFull", "RecipeLoopMismatch",
+        "RecipeSpec", "Request", "Stage", "StepCostModel", "StepInterceptor", "StepResult", "StepsContract",
+        "StreamEvent", "TextArtifact", "TextPart", "UnknownKeyError", "VideoArtifact", "VideoPart",
+        "WeightsError", "WorkPlan", "WorkUnitKind", "assert_interleave_parity", "check_batched_parity",
+        "check_loop_request", "content_hash", "explain", "hookimpl", "load", "load_deploy", "load_plugins",
+        "lookup_kernel", "plugin_slot", "resolve_lazy"
     ]  # fmt: skip
     for name in fv_core.__all__:
         assert getattr(fv_core, name) is not None

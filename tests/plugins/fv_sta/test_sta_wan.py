@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fv_core
 import fv_sta.plugin
 import fv_wan.plugin
-from fv_core import ConfigError, PluginHost, UnknownKeyError, generate_video
+from fv_core import ConfigError, PluginHost, UnknownKeyError
 from fv_core.deploy.card import parse_deploy
-from fv_core.model import load_model, resolve_kernels
+from fv_core.load import resolve_kernels
 from fv_core.serving.jobs import JobStore
 from fv_core.serving.metrics import Metrics
 from fv_core.serving.service import Service
-from fv_sta.options import StaOptions, StaWindow
+from fv_wan.model import WanModel
 from fv_wan.tiny import tiny_weights
 from fv_wan.transformer import wan_forward
 
@@ -34,14 +35,16 @@ def weights(tmp_path_factory) -> str:
     return tiny_weights(tmp_path_factory.mktemp("wan") / TINY)
 
 
-def sta_options(window) -> dict[str, StaOptions]:
-    return {"fv-sta": StaOptions(windows=[StaWindow(tile=TILE, window=window)])}
-
-
 def load(host, weights, variant="sdpa", window=(1, 1, 1)):
-    card = host.card(TINY)
-    kernels = resolve_kernels(host, card, "cpu", sta_options(window), requested={"attention": variant})
-    return load_model(card, weights, plugin="fv-wan", kernels=kernels)
+    """The tiny card with attention ``variant`` (STA with ``window``), as a deploy file selects it."""
+    deploy = parse_deploy(
+        {
+            "plugins": ["fv-wan", "fv-sta"],
+            "models": [{"card": TINY, "weights": weights, "kernels": {"attention": variant}}],
+            "plugin_options": {"fv-sta": {"windows": [{"tile": list(TILE), "window": list(window)}]}},
+        }
+    )
+    return fv_core.load(TINY, deploy=deploy, host=host)
 
 
 def velocity(model, seed=0):
@@ -52,8 +55,8 @@ def velocity(model, seed=0):
 
 
 def test_wan_generation_with_sta_runs_end_to_end_and_names_the_kernel(host, weights):
-    params = {"prompt": "a dog", "negative_prompt": "blurry", "steps": 2}
-    video = generate_video(load(host, weights, "sta"), params, seed=3)
+    params = {"prompt": "a dog", "negative_prompt": "blurry", "num_inference_steps": 2, "seed": 3}
+    video = load(host, weights, "sta").generate(**params)
     assert video.frames.shape == (5, 32, 32, 3) and torch.isfinite(torch.from_numpy(video.frames)).all()
     attention = video.provenance["kernels"]["attention"]
     assert attention["variant"] == "sta" and attention["plugin"] == "fv-sta"
@@ -61,7 +64,7 @@ def test_wan_generation_with_sta_runs_end_to_end_and_names_the_kernel(host, weig
     call = attention["call"]  # 5 frames of 32x32 -> latents 2x4x4 -> tokens 2x2x2
     assert call["path"] == "gather" and call["grid"] == (2, 2, 2)
     assert call["tile"] == TILE and call["window"] == (1, 1, 1)
-    dense = generate_video(load(host, weights), params, seed=3)
+    dense = load(host, weights).generate(**params)
     assert dense.provenance["kernels"]["attention"]["variant"] == "sdpa"
     assert (dense.frames != video.frames).any()  # each frame attended only to itself
 
@@ -76,9 +79,14 @@ def test_sta_over_the_whole_grid_is_the_dense_forward(host, weights):
 
 def test_selected_sdpa_is_bit_identical_to_diffusers_attention(host, weights):
     """The registry's SDPA through fv's processor computes what diffusers' WanAttnProcessor does."""
-    plain = load_model(host.card(TINY), weights)  # no kernels: diffusers' own processor
-    assert torch.equal(velocity(load(host, weights)), velocity(plain))
-    assert plain.instance.kernel_records() == {"attention": "sdpa"}
+    plain = WanModel(host.card(TINY), weights)  # no kernels resolved: diffusers' own processor
+    transformer = plain.component("transformer")
+    g = torch.Generator().manual_seed(0)
+    x, text = torch.randn(1, 16, 3, 8, 8, generator=g), torch.randn(1, 8, 32, generator=g)
+    with torch.no_grad():
+        ref = wan_forward(transformer, x, torch.tensor([700]), text)
+    assert torch.equal(velocity(load(host, weights)), ref)
+    assert plain.kernel_records() == {"attention": "sdpa"}
 
 
 def test_grid_kernel_without_a_grid_is_a_clear_error(host, weights):
@@ -96,7 +104,7 @@ def test_unknown_variant_is_an_error_listing_the_variants(host):
 def test_card_asking_for_sta_needs_resolved_kernels(host, weights):
     card = host.card(TINY).model_copy(update={"kernels": {"attention": "sta"}})
     with pytest.raises(ConfigError, match="no kernels were resolved"):
-        load_model(card, weights)
+        WanModel(card, weights)
 
 
 def test_deploy_selects_sta_with_its_options(host, weights, tmp_path):
@@ -112,7 +120,7 @@ def test_deploy_selects_sta_with_its_options(host, weights, tmp_path):
     store = JobStore(tmp_path)
     served = Service(deploy, host, store, Metrics())._load_models()[TINY]  # what the server's start loads
     store.close()
-    video = generate_video(served.loaded, {"prompt": "a cat", "steps": 1}, seed=1)
+    video = served.loaded.generate(prompt="a cat", num_inference_steps=1, seed=1)
     call = video.provenance["kernels"]["attention"]["call"]
     assert call["path"] == "gather" and call["window"] == (2, 1, 1)
 

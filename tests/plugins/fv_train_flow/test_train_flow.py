@@ -7,13 +7,12 @@ import pytest
 import torch
 from train_flow_support import flow_config
 
-from fv_core import ConfigError, Profile, WorkUnitKind, load_model
+from fv_core import ConfigError, Profile, WorkUnitKind, load
 from fv_core.loop import run_plan
 from fv_core.training import Role
 from fv_train_flow.config import load_config, validate
 from fv_train_flow.method import FlowMethod
 from fv_train_flow.trainer import train
-from fv_wan.cards import wan_tiny
 
 
 def test_a_few_steps_reduce_the_validation_loss(trained):
@@ -27,9 +26,9 @@ def test_a_few_steps_reduce_the_validation_loss(trained):
 
 def test_checkpoint_is_a_loadable_wan_model_and_generates(trained):
     _, _, out = trained
-    model = load_model(wan_tiny(), out / "final")
-    loop, request, instance = model.job({"prompt": "a red circle moving left", "num_frames": 9, "height": 64,
-                                         "width": 64, "steps": 2, "guidance": 4.0}, seed=0)  # fmt: skip
+    model = load(weights=out / "final")  # the card comes from the checkpoint's own configs
+    loop, request, instance = model.job(model.prepare({"prompt": "a red circle moving left", "num_frames": 9,
+        "height": 64, "width": 64, "num_inference_steps": 2, "guidance_scale": 4.0}))  # fmt: skip
     from fv_core import Engine
 
     with torch.inference_mode():
@@ -56,9 +55,9 @@ def test_train_forward_equals_serve_forward_bit_for_bit(trained):
     """The serve loop's own denoise plan, run under the train profile on the student's weights, gives
     the serve profile's output exactly; the train-side text path reproduces the serve kv exactly."""
     method, _, out = trained
-    model = load_model(wan_tiny(), out / "final")  # EMA weights
-    loop, request, instance = model.job({"prompt": "a blue square moving up", "num_frames": 9, "height": 64,
-                                         "width": 64, "steps": 3, "guidance": 1.0}, seed=1)  # fmt: skip
+    model = load(weights=out / "final")  # EMA weights
+    loop, request, instance = model.job(model.prepare({"prompt": "a blue square moving up", "num_frames": 9,
+        "height": 64, "width": 64, "num_inference_steps": 3, "guidance_scale": 1.0, "seed": 1}))  # fmt: skip
     state = loop.init(request, instance)
     while (plan := loop.next(state)).kind is not WorkUnitKind.DIFFUSION_STEP:
         state = loop.advance(state, run_plan(plan, Profile.SERVE))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from wan_support import tiny_instance
 
-from fv_wan.cards import wan_tiny
 from fv_wan.model import WanModel
 from fv_wan.tiny import tiny_weights
 
@@ -16,7 +16,7 @@ def tiny_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_path) -> WanModel:
-    return WanModel(wan_tiny(), tiny_path)
+    return tiny_instance(tiny_path)
 
 
 @pytest.fixture(scope="session")

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from wan_support import run
+from wan_support import front, run, tiny_instance
 
 from fv_core import ConfigError, RecipeLoopMismatch, UnknownKeyError
 from fv_core.plugins import PluginHost
 from fv_wan import plugin
 from fv_wan.cards import CARDS, fastwan_1_3b, wan_tiny
 from fv_wan.generate import card
-from fv_wan.loop import resolve_params
-from fv_wan.model import WanModel
 
 
 def test_plugin_registers_every_card():
@@ -34,17 +32,17 @@ def test_unknown_model_lists_available():
         card("wan9-nope")
 
 
-def test_fastwan_refuses_a_50_step_sampler():
-    fast = fastwan_1_3b().validate()
+def test_fastwan_refuses_a_50_step_sampler(tiny_path):
+    fast = front(tiny_instance(tiny_path, fastwan_1_3b()))
     with pytest.raises(RecipeLoopMismatch, match="3 steps"):
-        resolve_params(fast, {"prompt": "a cat", "steps": 50})
+        fast.prepare({"prompt": "a cat", "num_inference_steps": 50})
     with pytest.raises(RecipeLoopMismatch, match="dmd"):
-        resolve_params(fast, {"prompt": "a cat", "sampler": "unipc"})
+        fast.prepare({"prompt": "a cat", "sampler": "unipc"})
 
 
 def test_fastwan_three_step_loop_runs(tiny_path):
-    fast = WanModel(fastwan_1_3b(), tiny_path)
-    result = run(fast, seed=1, guidance=1.0, sampler="dmd", height=32, width=32)
+    fast = tiny_instance(tiny_path, fastwan_1_3b())
+    result = run(fast, seed=1, guidance_scale=1.0, sampler="dmd", height=32, width=32)
     assert result.metrics["steps"] == 3 and tuple(result.outputs["frames"].shape) == (5, 32, 32, 3)
 
 
@@ -52,18 +50,20 @@ def test_fastwan_three_step_loop_runs(tiny_path):
     "params,match",
     [
         ({"num_frames": 6}, "4k\\+1"),
-        ({"num_frames": 0}, "4k\\+1"),
+        ({"num_frames": 0}, "num_frames.*greater than or equal to 1"),
         ({"height": 40}, "multiple of 16"),
-        ({"width": 8}, "multiple of 16"),
-        ({"steps": 0}, "steps"),
-        ({"steps": 500}, "1..200"),
-        ({"guidance": 99.0}, "guidance"),
-        ({"guidance": -1.0}, "guidance"),
+        ({"width": 8}, "width.*greater than or equal to 16"),
+        ({"num_inference_steps": 0}, "num_inference_steps"),
+        ({"num_inference_steps": 500}, "1..200"),
+        ({"guidance_scale": 99.0}, "guidance_scale"),
+        ({"guidance_scale": -1.0}, "guidance_scale"),
         ({"cfg_mode": "triple"}, "cfg_mode"),
-        ({"sampler": "ddim"}, "samplers"),
-        ({"prompt": None}, "prompt"),
+        ({"sampler": "ddim"}, "sampler"),
+        ({"prompt": ""}, "prompt"),
+        ({"num_frame": 5}, "num_frame.*Extra inputs.*Fix: remove it"),
     ],
 )
-def test_validation_messages(params, match):
-    with pytest.raises(ConfigError, match=match):
-        resolve_params(wan_tiny(), {"prompt": "a cat", **params})
+def test_validation_messages_name_value_rule_and_fix(tiny_model, params, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        front(tiny_model).prepare({"prompt": "a cat", **params})
+    assert "Fix" in str(info.value)

@@ -2,45 +2,62 @@
 
 from __future__ import annotations
 
-from wan_support import request
+from wan_support import request, tiny_instance
 
 from fv_core.parity import assert_interleave_parity, check_batched_parity
 from fv_core.runtime import Engine
 from fv_wan.cards import fastwan_1_3b
 from fv_wan.loop import WanLoop
-from fv_wan.model import WanModel
 
 
 def test_interleave_gate_mixed_requests(tiny_model, tiny_path):
-    fastwan = WanModel(fastwan_1_3b(), tiny_path)  # FastWan's 3-step DMD loop on the tiny weights
+    fastwan = tiny_instance(tiny_path, fastwan_1_3b())  # FastWan's 3-step DMD loop on the tiny weights
 
     def items():
         return [
-            (WanLoop(), request("a", seed=1, prompt="a dog on the beach", steps=2), tiny_model),
             (
-                WanLoop(),
+                WanLoop(tiny_model),
+                request(tiny_model, "a", seed=1, prompt="a dog on the beach", num_inference_steps=2),
+                tiny_model,
+            ),
+            (
+                WanLoop(tiny_model),
                 request(
-                    "b", seed=2, prompt="a red car in the city", height=48, width=32, steps=4, sampler="euler"
+                    tiny_model,
+                    "b",
+                    seed=2,
+                    prompt="a red car in the city",
+                    height=48,
+                    width=32,
+                    num_inference_steps=4,
+                    sampler="euler",
                 ),
                 tiny_model,
             ),
-            (WanLoop(), request("c", seed=3, num_frames=9, steps=3, cfg_mode="batched"), tiny_model),
             (
-                WanLoop(),
+                WanLoop(tiny_model),
+                request(tiny_model, "c", seed=3, num_frames=9, num_inference_steps=3, cfg_mode="batched"),
+                tiny_model,
+            ),
+            (
+                WanLoop(tiny_model),
                 request(
+                    tiny_model,
                     "d",
                     seed=4,
                     prompt="a boat at sunset",
                     num_frames=1,
-                    steps=3,
-                    guidance=1.0,
-                    task="text_to_image",
+                    num_inference_steps=3,
+                    guidance_scale=1.0,
+                    task="t2i",
                 ),
                 tiny_model,
             ),
             (
-                WanLoop(),
-                request("e", seed=5, prompt="a bird flying", steps=3, guidance=1.0, sampler="dmd"),
+                WanLoop(fastwan),
+                request(
+                    fastwan, "e", seed=5, prompt="a bird flying", num_inference_steps=3, guidance_scale=1.0
+                ),
                 fastwan,
             ),
         ]
@@ -52,7 +69,7 @@ def test_interleave_gate_mixed_requests(tiny_model, tiny_path):
 def test_batched_parity_within_declared_tolerance(tiny_model):
     def items():
         return [
-            (WanLoop(), request(f"r{i}", seed=i, prompt=p), tiny_model)
+            (WanLoop(tiny_model), request(tiny_model, f"r{i}", seed=i, prompt=p), tiny_model)
             for i, p in enumerate(["a cat", "a dog in the snow", "a horse running", "a fish"])
         ]
 

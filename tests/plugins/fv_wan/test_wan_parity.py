@@ -98,8 +98,8 @@ def test_c1_loop_matches_wan_pipeline(tiny_model, pipe, tiny_path, sampler, cfg_
             num_frames=BASE["num_frames"],
             height=BASE["height"],
             width=BASE["width"],
-            num_inference_steps=BASE["steps"],
-            guidance_scale=BASE["guidance"],
+            num_inference_steps=BASE["num_inference_steps"],
+            guidance_scale=BASE["guidance_scale"],
             generator=torch.Generator().manual_seed(11),
             output_type="np",
         ).frames[0]
@@ -126,7 +126,14 @@ def test_c1_without_guidance(tiny_model, pipe):
         output_type="np",
     ).frames[0]
     result = run(
-        tiny_model, seed=3, num_frames=1, height=32, width=32, steps=2, guidance=1.0, task="text_to_image"
+        tiny_model,
+        seed=3,
+        num_frames=1,
+        height=32,
+        width=32,
+        num_inference_steps=2,
+        guidance_scale=1.0,
+        task="t2i",
     )
     assert result.metrics["cfg"] == "off"
     assert np.abs(result.outputs["frames"].numpy() - ref).max() <= 1e-5

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from fv_cache_dit.options import PLUGIN, CacheDiTOptions, parse_options
+from fv_cache_dit.options import PLUGIN, CacheDiTOptions
 from fv_cache_dit.stats import summarize
 from fv_cache_dit.taylorseer import taylor_forecast, taylor_update
 from fv_core import ConfigError, LoopResult, LoopState
@@ -67,17 +67,12 @@ class DBCache:
     name: ClassVar[str] = "dbcache"
     preset: ClassVar[dict[str, Any]] = {}  # option defaults this variant changes
 
-    def __init__(self, **options: Any) -> None:
-        """``options``: the deployment's defaults (requests may override them)."""
-        self.options = parse_options({**self.preset, **options}, f"interceptor {self.name!r}")
-
-    # -- lifecycle hooks ------------------------------------------------------------------------------
-
     def on_start(self, state: LoopState, request: Any) -> None:
-        """Resolve this request's options: the deployment's, overridden by the request's (validated)."""
-        asked = (request.params.get("plugin_options") or {}).get(PLUGIN) or {}
-        opts = parse_options({**self.options.model_dump(), **asked}, f"request {state.request_id!r}")
-        state.plugin_state.setdefault(PLUGIN, {})["options"] = opts.model_dump()
+        """This request's options (the deployment's overridden by the request's, validated once by the
+        core), with this variant's preset for the fields neither set."""
+        opts = request.options.get(PLUGIN) or CacheDiTOptions()
+        preset = {k: v for k, v in self.preset.items() if k not in opts.model_fields_set}
+        state.plugin_state.setdefault(PLUGIN, {})["options"] = opts.model_copy(update=preset).model_dump()
 
     def on_finish(self, state: LoopState, result: LoopResult) -> None:
         result.metrics["cache_dit"] = summarize(self.name, state.plugin_state.get(PLUGIN, {}))
@@ -92,7 +87,7 @@ class DBCache:
         num_blocks: int,
         block: BlockFn,
     ) -> torch.Tensor:
-        opts = CacheDiTOptions.model_validate(caches.get("options", self.options.model_dump()))
+        opts = CacheDiTOptions.model_validate(caches["options"])
         fn, bn = opts.Fn_compute_blocks, opts.Bn_compute_blocks
         if fn + bn > num_blocks:
             raise ConfigError(

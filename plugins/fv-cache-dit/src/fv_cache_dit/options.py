@@ -10,11 +10,7 @@ boundary)::
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from fv_core import ConfigError
+from pydantic import BaseModel, ConfigDict, Field
 
 PLUGIN = "fv-cache-dit"
 
@@ -36,16 +32,3 @@ class CacheDiTOptions(BaseModel):
     max_accumulated_residual_diff_threshold: float | None = Field(None, gt=0.0)  # stop caching past this sum
     enable_taylorseer: bool = False  # forecast the cached residual with a Taylor series (TaylorSeer)
     taylorseer_order: int = Field(1, ge=1, le=2)  # derivatives kept by TaylorSeer
-
-
-def parse_options(data: dict[str, Any], where: str) -> CacheDiTOptions:
-    """Validated options; a bad field raises ConfigError naming it, the value and the allowed fields."""
-    try:
-        return CacheDiTOptions.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(options)"
-        raise ConfigError(
-            f"{where}: options for {PLUGIN!r}: {field}: {err['msg']}; got {err.get('input')!r}. "
-            f"Allowed options: {sorted(CacheDiTOptions.model_fields)}."
-        ) from None

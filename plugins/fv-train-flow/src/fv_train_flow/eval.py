@@ -47,12 +47,14 @@ def generate_videos(
         num_frames=shapes.FRAMES,
         height=shapes.SIZE,
         width=shapes.SIZE,
-        steps=steps,
-        guidance=guidance,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
         sampler=sampler,
         max_sequence_length=max_sequence_length,
     )
-    items = [model.job({**params, "prompt": spec.caption}, seed=seed) for spec, seed in pairs]
+    items = [
+        model.job(model.prepare({**params, "prompt": spec.caption, "seed": seed})) for spec, seed in pairs
+    ]
     start = time.perf_counter()
     with torch.inference_mode():
         results = Engine(max_batch_rows=64).run_batched(items)
@@ -167,11 +169,11 @@ def evaluate_folder(
     return evaluate_model(model, prompts, steps, guidance, sampler, None, max_sequence_length)
 
 
-def load(card: str, weights: Path | str | None) -> Any:
-    from fv_core import load_model, load_plugins
+def load(card: str | None, weights: Path | str | None) -> Any:
+    """``card`` on ``weights``; with no card, the card built from the folder's own configs."""
+    import fv_core
 
-    host = load_plugins()
-    return load_model(host.card(card), weights, plugin=host.registries.cards.plugin_of(card))
+    return fv_core.load(card, weights)
 
 
 def save_strip(

@@ -35,7 +35,7 @@ class WanModel:
         kernels: dict[str, tuple[Any, dict[str, Any]]] | None = None,
     ):
         self.card = card
-        self.kernels = _check_kernels(kernels)  # op -> (impl, selection record); None: diffusers' SDPA
+        self.kernels = _check_kernels(card, kernels)  # op -> (impl, selection record); None: diffusers' SDPA
         self.weights = check_layout(weights)
         self.device = torch.device(device)
         self.dtype = getattr(torch, card.precision.default)
@@ -115,14 +115,20 @@ class WanModel:
 
 
 def _check_kernels(
-    kernels: dict[str, tuple[Any, dict[str, Any]]] | None,
+    card: ModelCard, kernels: dict[str, tuple[Any, dict[str, Any]]] | None
 ) -> dict[str, tuple[Any, dict[str, Any]]] | None:
-    """Wan runs an attention kernel only; the built-in ``sdpa`` variant keeps diffusers' own processor."""
-    if not kernels:
+    """Wan runs an attention kernel only; without resolved kernels the card must ask for plain SDPA."""
+    if kernels is None:
+        variant = card.kernels.get("attention", "sdpa")
+        if variant != "sdpa":
+            raise ConfigError(
+                f"card {card.model_id!r} selects attention {variant!r}, but no kernels were resolved. "
+                "Fix: load it with fv_core.load(...), which resolves the card's kernels."
+            )
         return None
     if set(kernels) != {"attention"}:
         raise ConfigError(
             f"Wan runs an 'attention' kernel only; got kernels for {sorted(kernels)}. "
             "Fix: select only 'attention' for Wan cards."
         )
-    return None if kernels["attention"][1]["variant"] == "sdpa" else dict(kernels)
+    return dict(kernels)
