@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from fv_core.card.assemble import complete_card
 from fv_core.card.spec import ModelCard
 from fv_core.card.validate import validate_card
 from fv_core.deploy.card import DeploymentCard, ModelDeploy, load_deploy
@@ -107,7 +108,7 @@ def _card_on_weights(host: PluginHost, name: str, weights: str | Path | None) ->
         raise unknown_model(name, (str(k) for k in host.registries.cards))
     pipeline = _model_index(folder).get("_class_name")
     family = _family(host, pipeline, folder)
-    return validate_card(family.card(folder)), folder
+    return complete_card(family.card(folder)), folder
 
 
 def bind_card(host: PluginHost, card: ModelCard, folder: Path) -> ModelCard:
@@ -118,30 +119,29 @@ def bind_card(host: PluginHost, card: ModelCard, folder: Path) -> ModelCard:
     """
     if not folder.is_dir():
         raise WeightsError(f"weights folder {str(folder)!r} does not exist. Fix: pass an existing folder.")
+    found = []  # (file, key, expected, found) of every mismatch
     if card.pipeline is not None:
-        found = _model_index(folder).get("_class_name")
-        _expect(card, folder, "model_index.json", "_class_name", card.pipeline, found)
+        found.append(
+            ("model_index.json", "_class_name", card.pipeline, _model_index(folder).get("_class_name"))
+        )
     for name, spec in card.components.items():
-        if not spec.config:
-            continue
         sub = spec.subfolder or name
-        file = "scheduler_config.json" if spec.kind == "scheduler" else "config.json"
-        config = _read_json(folder / sub / file)
-        for key, expected in spec.config.items():
-            _expect(card, folder, f"{sub}/{file}", key, expected, config.get(key))
+        file = f"{sub}/{'scheduler_config.json' if spec.kind == 'scheduler' else 'config.json'}"
+        config = _read_json(folder / file) if spec.config else {}
+        found += [(file, key, want, config.get(key)) for key, want in spec.config.items()]
+    wrong = [m for m in found if not (m[3] in m[2] if isinstance(m[2], list) else m[3] == m[2])]
+    if wrong:
+        lines = "; ".join(
+            f"expects {k}={want!r} in {file}, the folder has {k}={got!r}" for file, k, want, got in wrong
+        )
+        raise WeightsError(
+            f"card {card.model_id!r} does not fit {str(folder)!r}: {lines}. Fix: load the folder by path "
+            f"(fv_core.load({str(folder)!r}), or `fv generate --weights {folder}` without --model): its card "
+            "is built from its own configs."
+        )
     if card.pipeline is None or card.pipeline not in host.registries.pipelines:
         return card
     return validate_card(_family(host, card.pipeline, folder).bind(card, folder))
-
-
-def _expect(card: ModelCard, folder: Path, file: str, key: str, expected: Any, found: Any) -> None:
-    ok = found in expected if isinstance(expected, list) else found == expected
-    if not ok:
-        raise WeightsError(
-            f"card {card.model_id!r} expects {key}={expected!r} in {file}; the folder {str(folder)!r} has "
-            f"{key}={found!r}. Fix: load the folder by path (fv_core.load({str(folder)!r}), or "
-            f"`fv generate --weights {folder}` without --model): its card is built from its own configs."
-        )
 
 
 def _family(host: PluginHost, pipeline: Any, folder: Path) -> Any:

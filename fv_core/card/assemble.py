@@ -34,11 +34,15 @@ def assemble_card(registries: Registries, model_id: str) -> ModelCard:
     card = card() if callable(card) and not isinstance(card, ModelCard | CardVariant) else card
     if isinstance(card, CardVariant):
         return derive_card(assemble_card(registries, card.parent), card)
+    return complete_card(card)
+
+
+def complete_card(card: ModelCard) -> ModelCard:
+    """A copy of ``card`` with the default kernels filled in, validated (its defaults included)."""
     card = card.model_copy(deep=True)
     for op, variant in DEFAULT_KERNELS.items():
         card.kernels.setdefault(op, variant)
-    check_defaults(validate_card(card))
-    return card
+    return check_defaults(validate_card(card))
 
 
 def derive_card(parent: ModelCard, variant: CardVariant) -> ModelCard:

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fv_core.kernels import check_kernel
 from tests.core.conftest import EXAMPLE_PLUGIN, REPO
 from tests.core.fresh_venv import build_wheels, clean_env, fresh_venv
 
@@ -55,6 +56,7 @@ keys = ("card", "kernels", "interceptors", "plugin_options", "metrics")
 first = served.generate(**small)
 again = served.generate(**small, plugin_options={"fv-example": {"label": "asked"}})
 out["deployed"] = [{k: a.provenance[k] for k in keys} for a in (first, again)]
+out["attn1_kernel"] = served.instance.component("transformer").blocks[0].attn1.processor.kernel.__qualname__
 print(json.dumps(out, default=str))
 """
 
@@ -122,13 +124,11 @@ def test_deploy_applies_kernel_observer_and_options(run_in_fresh_venv):
     assert again["metrics"]["text_cache_hits"] == 1 and again["metrics"]["kv_cache_hits"] == 1
     assert again["metrics"]["step_counter"] == {"steps_seen": 8 + 1, "label": "asked"}
     assert again["plugin_options"] == {"fv-example": {"label": "asked"}}
+    assert out["attn1_kernel"] == "naive_attention"  # what every block's self-attention ran
 
 
-@pytest.mark.parametrize(
-    "case", ["plain", "scale", "causal", "bool_mask", "float_mask", "causal_and_mask"]
-)
+@pytest.mark.parametrize("case", ["plain", "scale", "causal", "bool_mask", "float_mask", "causal_and_mask"])
 def test_naive_attention_matches_sdpa(on_path, case):
-    from fv_core.kernels import check_kernel
     from fv_example.kernels import naive_attention
 
     check_kernel(("attention", "cpu", "any", "naive"), naive_attention)

@@ -144,10 +144,17 @@ def test_entry_points_discover_installed_plugin_and_isolate_broken(on_path):
     host = load_plugins(env={})
     info = {p["name"]: p for p in host.report()}
     assert info["fv-example"]["distribution"] == "fv-example" and info["fv-example"]["version"] == "0.3.1"
-    assert info["fv-example"]["registered"]["cards"] == ["example-denoiser"]
+    assert info["fv-example"]["registered"] == {
+        "cards": ["shapes-euler-8"],
+        "kernels": ["('attention', 'cpu', 'any', 'naive')"],
+        "interceptors": ["step-counter"],
+        "options": ["fv-example"],
+    }
     assert "boom: missing CUDA toolkit" in info["fv-broken"]["error"]
     assert [e.stage for e in host.errors if e.plugin == "fv-broken"] == ["import"]
-    assert host.card("example-denoiser").kernels == {"attention": "sdpa"}
+    card = host.card("shapes-euler-8")  # a variant of fv-wan's card, assembled on it
+    assert card.parent == "wan2.1-t2v-shapes" and card.kernels == {"attention": "sdpa"}
+    assert card.programs["t2v"].defaults["num_inference_steps"] == 8
 
 
 def test_allowlist_and_blocklist(on_path):
@@ -166,4 +173,4 @@ def test_trace_prints_hook_calls(on_path):
     out = subprocess.run(
         [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True
     )
-    assert "[fv-trace] fv-example.fv_register_cards registered ['example-denoiser']" in out.stderr
+    assert "[fv-trace] fv-example.fv_register_cards registered ['shapes-euler-8']" in out.stderr

@@ -5,8 +5,18 @@ from __future__ import annotations
 import pytest
 from wan_support import tiny_instance
 
+from fv_core.plugins import PluginHost
+from fv_wan import plugin
 from fv_wan.model import WanModel
 from fv_wan.tiny import tiny_weights
+
+
+@pytest.fixture(scope="session")
+def wan_host() -> PluginHost:
+    """Plugins as a fresh process has them: fv-wan only (auto-loading stays off in tests)."""
+    host = PluginHost(env={})
+    host.add(plugin, "fv-wan")
+    return host.collect()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,67 @@
+"""Parity base test classes a model plugin's tests subclass (the card contract, shared by every family).
+
+A subclass provides three pytest fixtures and inherits the tests::
+
+    class TestMyCard(CardContract):
+        @pytest.fixture
+        def contract_model(self, ...) -> LoadedModel: ...        # fv_core.load(...) of the card
+        @pytest.fixture
+        def contract_reference(self, ...): ...                    # params dict -> frames [F, H, W, 3] (numpy)
+        @pytest.fixture
+        def contract_requests(self) -> list[dict]: ...            # params of a few different requests
+
+``test_c1_matches_the_reference``: each request's output equals the reference pipeline's (e.g.
+diffusers on the same weights and seed) within the card's ``parity.tolerances["frames"]``.
+``test_interleave_gate``: the requests interleaved step by step equal them run serially, bit for bit.
+``test_card_defaults_are_honoured``: a request that sets only ``prompt`` runs at the card's defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fv_core.model import LoadedModel
+from fv_core.parity.gate import assert_interleave_parity
+from fv_core.runtime.engine import Engine
+
+Reference = Callable[[dict[str, Any]], np.ndarray]
+
+
+class CardContract:
+    """The tests every card passes; see the module docstring for the fixtures a subclass provides."""
+
+    def test_c1_matches_the_reference(
+        self, contract_model: LoadedModel, contract_reference: Reference, contract_requests: list[dict]
+    ) -> None:
+        tolerance = contract_model.card.parity.tolerances.get("frames", 0.0)
+        for params in contract_requests:
+            ours = contract_model.generate(**params)
+            ref = contract_reference(ours.provenance["params"])  # every resolved param, defaults included
+            frames = getattr(ours, "frames", None)
+            frames = frames if frames is not None else ours.image[None]  # type: ignore[attr-defined]
+            assert frames.shape == ref.shape, (params, frames.shape, ref.shape)
+            worst = float(np.abs(frames - ref).max())
+            assert worst <= tolerance, f"{params}: max |fv - reference| = {worst:.3e} > {tolerance:g}"
+
+    def test_interleave_gate(self, contract_model: LoadedModel, contract_requests: list[dict]) -> None:
+        def items() -> list[Any]:
+            return [
+                contract_model.job(contract_model.prepare(p, request_id=f"r{i}"))
+                for i, p in enumerate(contract_requests)
+            ]
+
+        report = assert_interleave_parity(Engine, items)
+        assert report.ok and report.max_abs == 0.0
+
+    def test_card_defaults_are_honoured(
+        self, contract_model: LoadedModel, contract_requests: list[dict]
+    ) -> None:
+        card = contract_model.card
+        for task, program in card.programs.items():
+            request = contract_model.prepare({"prompt": contract_requests[0]["prompt"]}, task=task)
+            resolved = request.params.model_dump()
+            for name, value in program.defaults.items():
+                assert resolved[name] == value, (card.model_id, task, name, resolved[name], value)
