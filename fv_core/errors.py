@@ -77,22 +77,26 @@ class NonFiniteOutput(FvError, FloatingPointError):
 
 
 def explain(exc: Any, where: str = "", allowed: Iterable[str] | None = None) -> str:
-    """One line per problem of a pydantic ``ValidationError``: the field, the rule, the value, the fix.
-
-    ``where`` prefixes the message (``"deploy.yaml"``, ``"options for plugin 'x'"``); ``allowed``
-    lists the valid field names for unknown-field errors.
-    """
+    """One line per problem of a pydantic (or FastAPI) validation error: the field, the rule, the value,
+    the fix. ``where`` prefixes the message (``"deploy.yaml"``, ``"options for plugin 'x'"``);
+    ``allowed`` lists the valid field names for unknown-field errors."""
     lines = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        field = error_field(err) or "(top level)"
         if err["type"] == "extra_forbidden":
             known = f" Allowed: {sorted(allowed)}." if allowed is not None else ""
-            fix = f"remove it or check its spelling.{known}"
+            fix = f"it is an unknown field; remove it or check its spelling.{known}"
         elif err["type"] == "missing":
             fix = f"pass {field}."
         else:
             fix = f"give {field} a value that satisfies this."
-        got = f"; got {err['input']!r}" if err["type"] != "missing" else ""
+        got = repr(err.get("input"))
+        got = "" if err["type"] == "missing" else f"; got {got if len(got) <= 120 else got[:117] + '...'}"
         lines.append(f"{field}: {err['msg']}{got}. Fix: {fix}")
     head = f"{where}: " if where else ""
-    return head + ("\n  ".join(lines) if len(lines) < 2 else "\n  " + "\n  ".join(lines))
+    return head + (lines[0] if len(lines) == 1 else "\n  " + "\n  ".join(lines))
+
+
+def error_field(err: Any) -> str:
+    """The dotted field path of one validation error (FastAPI's body/query prefixes dropped)."""
+    return ".".join(str(p) for p in err["loc"] if p not in ("body", "query", "path", "header"))

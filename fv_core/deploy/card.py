@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fv_core.errors import ConfigError
+from fv_core.errors import ConfigError, explain
 
 
 class Strict(BaseModel):
@@ -66,16 +66,9 @@ def parse_deploy(data: dict[str, Any], source: str = "<deploy>") -> DeploymentCa
     try:
         return DeploymentCard.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            hint = (
-                " (unknown field: remove it or check its spelling)"
-                if err["type"] == "extra_forbidden"
-                else ""
-            )
-            lines.append(f"  {where}: {err['msg']}; got {err.get('input')!r}{hint}")
-        raise ConfigError(f"{source}: invalid deploy file:\n" + "\n".join(lines)) from None
+        raise ConfigError(
+            explain(exc, f"{source}: invalid deploy file", DeploymentCard.model_fields)
+        ) from None
 
 
 def load_deploy(path: str | Path) -> DeploymentCard:

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ValidationError
 
 from fv_core.card.assemble import assemble_card, interceptor_kind
 from fv_core.deploy.card import DeploymentCard
-from fv_core.errors import ConfigError
+from fv_core.errors import ConfigError, explain
 from fv_core.kernels_select import device_arch
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
 from fv_core.registry import lookup_kernel
@@ -86,12 +86,7 @@ def validate_plugin_options(
     try:
         return schema.model_validate(options)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(
-            f"options for plugin {plugin!r}: {where}: {err['msg']}; got {err.get('input')!r}. "
-            f"Allowed options: {sorted(schema.model_fields)}."
-        ) from None
+        raise ConfigError(explain(exc, f"options for plugin {plugin!r}", schema.model_fields)) from None
 
 
 def deploy_plugin_options(host: PluginHost, deploy: DeploymentCard) -> dict[str, BaseModel]:

@@ -27,6 +27,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fv_core.deploy.card import DeploymentCard
+from fv_core.errors import error_field, explain
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.registry import resolve_lazy
 from fv_core.serving.jobs import JobStore
@@ -269,21 +270,13 @@ def _validate(model: type[Strict], data: dict[str, Any]) -> Strict:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        message, param = _describe(exc.errors())
-        raise ApiError(422, message, "invalid_request", param) from None
+        raise ApiError(422, *_describe(exc, model)) from None
 
 
-def _describe(errors: list[Any]) -> tuple[str, str | None]:
-    """One line per problem: where, what rule, what was sent; plus the first bad field."""
-    lines, params = [], []
-    for err in errors[:8]:
-        where = ".".join(str(p) for p in err["loc"] if p not in ("body", "query", "path", "header"))
-        params.append(where or None)
-        hint = " (unknown field: remove it or check its spelling)" if err["type"] == "extra_forbidden" else ""
-        got = repr(err.get("input"))
-        got = got if len(got) <= 120 else got[:117] + "..."
-        lines.append(f"{where or 'body'}: {err['msg']}; got {got}{hint}")
-    return "invalid request: " + "; ".join(lines), params[0] if params else None
+def _describe(exc: Any, model: type[Strict] | None = None) -> tuple[str, str, str | None]:
+    """(message, code, the first bad field) of a validation error."""
+    allowed = model.model_fields if model is not None else None
+    return explain(exc, "invalid request", allowed), "invalid_request", error_field(exc.errors()[0]) or None
 
 
 # -- error answers ----------------------------------------------------------------------------------
@@ -304,8 +297,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _describe(list(exc.errors()))
-        return _error(422, message, "invalid_request", param)
+        return _error(422, *_describe(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -93,7 +93,9 @@ def test_each_error_names_card_field_and_fix(card, field, fix):
 def test_unknown_fields_rejected_from_data():
     data = make_card().model_dump()
     data["loops"]["denoise"]["num_stepz"] = 4
-    with pytest.raises(ConfigError, match=r"card 'toy': loops.denoise.num_stepz: .*Fix: remove it"):
+    with pytest.raises(
+        ConfigError, match=r"card 'toy': loops.denoise.num_stepz: .*Fix: it is an unknown field; remove it"
+    ):
         card_from_dict(data)
 
 

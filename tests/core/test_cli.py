@@ -7,16 +7,17 @@ from fv_core.cli import main
 
 @pytest.fixture
 def example_env(on_path, monkeypatch):
-    monkeypatch.setenv("FV_PLUGINS", "fv-example,fv-broken")
+    monkeypatch.setenv(
+        "FV_PLUGINS", "fv-wan,fv-example,fv-broken"
+    )  # the example's card derives from fv-wan's
 
 
 def test_plugins_json(example_env, capsys):
     assert main(["plugins"]) == 0
     report = {p["name"]: p for p in json.loads(capsys.readouterr().out)}
-    assert set(report) == {"fv-core", "fv-example", "fv-broken"}
+    assert set(report) == {"fv-core", "fv-wan", "fv-example", "fv-broken"}
     assert report["fv-example"]["hooks"] == [
         "fv_register_cards",
-        "fv_register_components",
         "fv_register_interceptors",
         "fv_register_kernels",
         "fv_register_options",
@@ -28,17 +29,21 @@ def test_plugins_json(example_env, capsys):
 def test_cards_text_and_json(example_env, capsys):
     assert main(["cards"]) == 0
     text = capsys.readouterr().out
-    assert "example-denoiser  (example, from fv-example)" in text
-    assert "interceptors available: echo, skip-every-other" in text
+    assert "shapes-euler-8  (wan, from fv-example)" in text
+    assert "interceptors available: step-counter" in text
     assert main(["cards", "--json"]) == 0
-    (card,) = json.loads(capsys.readouterr().out)
-    assert card["kernels_available"] == {"attention": ["naive", "sdpa"]}
-    assert card["card"]["recipe"]["assumes_loop"] == "denoise"
+    card = {c["model_id"]: c for c in json.loads(capsys.readouterr().out)}["shapes-euler-8"]
+    assert (
+        card["kernels_available"] == {"attention": ["naive", "sdpa"]}
+        and card["parent"] == "wan2.1-t2v-shapes"
+    )
+    steps = card["tasks"]["t2v"]["params"]["properties"]["num_inference_steps"]
+    assert steps["default"] == 8 and steps["minimum"] == 1
 
 
 def test_validate_exit_codes(example_env, tmp_path, capsys):
     good = tmp_path / "good.yaml"
-    good.write_text("plugins: [fv-example]\nmodels:\n  - card: example-denoiser\n")
+    good.write_text("plugins: [fv-wan, fv-example]\nmodels:\n  - card: shapes-euler-8\n")
     assert main(["validate", str(good)]) == 0
     assert "ok:" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"

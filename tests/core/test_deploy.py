@@ -6,19 +6,18 @@ from fv_core import ConfigError
 from fv_core.deploy import check_deploy, load_deploy, parse_deploy, validate_plugin_options
 from fv_core.plugins import load_plugins
 
+CARD = "shapes-euler-8"  # the example plugin's variant of fv-wan's shapes card
 GOOD = {
-    "plugins": ["fv-example"],
-    "models": [
-        {"card": "example-denoiser", "kernels": {"attention": "naive"}, "interceptors": ["skip-every-other"]}
-    ],
+    "plugins": ["fv-wan", "fv-example"],
+    "models": [{"card": CARD, "kernels": {"attention": "naive"}, "interceptors": ["step-counter"]}],
     "limits": {"max_frames": 33, "max_queue": 4},
-    "plugin_options": {"fv-example": {"every": 2}},
+    "plugin_options": {"fv-example": {"label": "two"}},
 }
 
 
 @pytest.fixture
 def example_host(on_path):
-    return load_plugins(env={"FV_PLUGINS": "fv-example,fv-broken"})
+    return load_plugins(env={"FV_PLUGINS": "fv-wan,fv-example,fv-broken"})
 
 
 def with_changes(**changes):
@@ -33,8 +32,8 @@ def test_good_deploy_has_no_problems(example_host):
 
 
 def test_yaml_and_json_files(tmp_path):
-    (tmp_path / "d.yaml").write_text("plugins: [fv-example]\nmodels:\n  - card: example-denoiser\n")
-    assert load_deploy(tmp_path / "d.yaml").models[0].served_name == "example-denoiser"
+    (tmp_path / "d.yaml").write_text(f"plugins: [fv-example]\nmodels:\n  - card: {CARD}\n")
+    assert load_deploy(tmp_path / "d.yaml").models[0].served_name == CARD
     (tmp_path / "d.json").write_text(json.dumps(GOOD))
     assert load_deploy(tmp_path / "d.json").limits.max_queue == 4
     (tmp_path / "bad.yaml").write_text("models: [card: x\n")
@@ -65,27 +64,27 @@ def test_schema_errors_name_field_value_and_fix(data, message):
     ("changes", "message"),
     [
         (
-            {"plugins": ["fv-example", "fv-broken"]},
+            {"plugins": ["fv-wan", "fv-example", "fv-broken"]},
             "'fv-broken' is required but failed to load: RuntimeError: boom",
         ),
-        ({"plugins": ["fv-example", "fv-nope"]}, "'fv-nope' is required but not installed"),
+        ({"plugins": ["fv-wan", "fv-example", "fv-nope"]}, "'fv-nope' is required but not installed"),
         (
-            {"plugins": [], "plugin_options": {}},
+            {"plugins": ["fv-wan"], "plugin_options": {}},
             "from plugin 'fv-example', which this deploy does not enable",
         ),
-        ({"models": [{"card": "wan-huge"}]}, "unknown cards key 'wan-huge'. Available: 'example-denoiser'"),
+        ({"models": [{"card": "wan-huge"}]}, "unknown cards key 'wan-huge'. Available: .*'shapes-euler-8'"),
         (
-            {"models": [{"card": "example-denoiser", "kernels": {"attention": "flash9"}}]},
+            {"models": [{"card": CARD, "kernels": {"attention": "flash9"}}]},
             "no kernel for op 'attention'",
         ),
         (
-            {"models": [{"card": "example-denoiser", "interceptors": ["teacache"]}]},
+            {"models": [{"card": CARD, "interceptors": ["teacache"]}]},
             "unknown interceptors key 'teacache'",
         ),
-        ({"models": [{"card": "example-denoiser"}, {"card": "example-denoiser"}]}, "served names"),
+        ({"models": [{"card": CARD}, {"card": CARD}]}, "served names"),
         (
-            {"plugin_options": {"fv-example": {"evry": 2}}},
-            "evry: Extra inputs are not permitted.*Allowed options: \\['every'\\]",
+            {"plugin_options": {"fv-example": {"labl": 2}}},
+            "labl: Extra inputs are not permitted.*unknown field.*Allowed: \\['label'\\]",
         ),
         (
             {"plugin_options": {"fv-cache-dit": {"threshold": 1}}},
@@ -105,18 +104,25 @@ def test_card_rejecting_an_interceptor_kind(example_host):
     from fv_core.card import CapabilityMatrix
     from tests.core.conftest import make_card
 
-    class DistilledCards:
+    class SkipEveryOther:
+        kind = "step_skip"
+
+    class Distilled:
         @hookimpl
         def fv_register_cards(self, register):
-            register(make_card("distilled-3step", capabilities=CapabilityMatrix(tasks={"text_to_video"})))
+            register(make_card("distilled-3step", capabilities=CapabilityMatrix()))
 
-    example_host.add(DistilledCards(), "distilled")
+        @hookimpl
+        def fv_register_interceptors(self, register):
+            register("skip-every-other", SkipEveryOther)
+
+    example_host.add(Distilled(), "distilled")
     example_host.collect()
     deploy = with_changes(
-        plugins=["fv-example", "distilled"],
-        models=[{"card": "distilled-3step", "interceptors": ["skip-every-other", "echo"]}],
+        plugins=["fv-wan", "fv-example", "distilled"],
+        models=[{"card": "distilled-3step", "interceptors": ["skip-every-other", "step-counter"]}],
     )
-    (problem,) = check_deploy(deploy, example_host)
+    (problem,) = check_deploy(deploy, example_host)  # observers are accepted everywhere
     assert (
         "card 'distilled-3step' rejects 'skip-every-other' (a step_skip interceptor); it accepts none"
         in problem
@@ -125,8 +131,8 @@ def test_card_rejecting_an_interceptor_kind(example_host):
 
 def test_request_may_only_parameterize_enabled_plugins(example_host):
     deploy = parse_deploy(GOOD)
-    assert validate_plugin_options(example_host, deploy, "fv-example", {"every": 3}).every == 3
+    assert validate_plugin_options(example_host, deploy, "fv-example", {"label": "x"}).label == "x"
     with pytest.raises(ConfigError, match="does not enable"):
         validate_plugin_options(example_host, deploy, "fv-sta", {"window": [3, 3, 3]})
-    with pytest.raises(ConfigError, match="every: Input should be a valid integer"):
-        validate_plugin_options(example_host, deploy, "fv-example", {"every": "often"})
+    with pytest.raises(ConfigError, match="label: Input should be a valid string"):
+        validate_plugin_options(example_host, deploy, "fv-example", {"label": 3})

@@ -31,7 +31,7 @@ def test_explain_names_each_field_rule_value_and_fix():
     assert text.startswith("options for plugin 'p': ")
     assert "level: Input should be a valid integer" in text and "got 'x'" in text
     assert (
-        "nmae: Extra inputs are not permitted; got 2. Fix: remove it or check its spelling. Allowed: ['level', 'name']"
+        "nmae: Extra inputs are not permitted; got 2. Fix: it is an unknown field; remove it or check its spelling. Allowed: ['level', 'name']"
         in text
     )
 

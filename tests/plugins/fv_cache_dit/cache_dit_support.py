@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from fv_cache_dit.options import CacheDiTOptions
 from fv_core import BatchKey, Done, LoopResult, LoopState, Request, StepResult, WorkPlan, WorkUnitKind
 from fv_core.extend import BLOCKS_INPUT, drive_blocks
 from fv_core.loop import euler_step, flow_match_sigmas
@@ -75,7 +76,6 @@ class BlockDenoiseLoop:
 
 
 def request(rid: str, seed: int = 0, steps: int = 12, **options: Any) -> Request:
-    params: dict[str, Any] = {"steps": steps}
-    if options:
-        params["plugin_options"] = {"fv-cache-dit": options}
-    return Request(rid, params=params, seed=seed)
+    """A request whose fv-cache-dit options (as ``prepare`` validates them) are ``options``."""
+    asked = {"fv-cache-dit": CacheDiTOptions(**options)} if options else {}
+    return Request(rid, params={"steps": steps}, options=asked, seed=seed)

@@ -88,23 +88,18 @@ def test_too_many_compute_blocks_is_a_clear_error():
         drive(DBCache(Fn_compute_blocks=3, Bn_compute_blocks=2))
 
 
-def test_request_options_pass_the_schema_or_fail_clearly():
-    icp = FBCache(residual_diff_threshold=0.3)  # deployment defaults
+def test_the_requests_options_override_the_interceptors_own():
+    icp = FBCache(residual_diff_threshold=0.3)  # this interceptor's defaults
     state = LoopState("r", "t2v")
-    icp.on_start(state, Request("r", params={"plugin_options": {"fv-cache-dit": {"max_warmup_steps": 2}}}))
+    icp.on_start(state, Request("r", options={"fv-cache-dit": CacheDiTOptions(max_warmup_steps=2)}))
     opts = state.plugin_state["fv-cache-dit"]["options"]
     assert (opts["residual_diff_threshold"], opts["max_warmup_steps"], opts["Fn_compute_blocks"]) == (
         0.3,
         2,
         1,
     )
-    bad = {"plugin_options": {"fv-cache-dit": {"residual_diff_threshold": -1}}}
-    with pytest.raises(ConfigError, match="residual_diff_threshold.*got -1"):
-        icp.on_start(LoopState("b", "t2v"), Request("b", params=bad))
-    with pytest.raises(ConfigError, match="Allowed options"):
-        icp.on_start(
-            LoopState("c", "t2v"), Request("c", params={"plugin_options": {"fv-cache-dit": {"x": 1}}})
-        )
+    with pytest.raises(ConfigError, match="interceptor 'fbcache': residual_diff_threshold.*got -1"):
+        FBCache(residual_diff_threshold=-1)
 
 
 def test_plugin_registers_interceptor_kinds_and_the_options_schema():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fv_cache_dit.plugin
+import fv_core
 import fv_wan.plugin
 from fv_cache_dit import DBCache, FBCache, TaylorSeer
 from fv_core import ConfigError, PluginHost, Request
@@ -15,24 +16,35 @@ from fv_core.deploy.card import parse_deploy
 from fv_core.deploy.check import check_deploy
 from fv_core.parity import compare_results
 from fv_core.runtime import Engine
-from fv_wan.cards import fastwan_1_3b, wan_tiny
+from fv_wan.cards import fastwan_1_3b
 from fv_wan.loop import WanLoop
-from fv_wan.model import WanModel
 from fv_wan.tiny import tiny_weights
 
 PROMPTS = ["a cat running in the forest", "a red car in the city at night", "a boat on the lake"]
-BASE = dict(negative_prompt="blurry low quality", num_frames=5, height=32, width=32, steps=8, guidance=5.0)
+BASE = dict(
+    negative_prompt="blurry low quality",
+    num_frames=5,
+    height=32,
+    width=32,
+    num_inference_steps=8,
+    guidance_scale=5.0,
+    max_sequence_length=512,
+)
 OPTS = dict(Fn_compute_blocks=1, Bn_compute_blocks=0, max_warmup_steps=2)
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> WanModel:
-    return WanModel(wan_tiny(), tiny_weights(tmp_path_factory.mktemp("wan") / "tiny"))
+def model(tmp_path_factory):
+    folder = tiny_weights(tmp_path_factory.mktemp("wan") / "tiny")
+    return fv_core.load("wan2.1-t2v-tiny", folder, host=wan_host())
 
 
-def wan_request(rid: str, i: int, **options) -> Request:
-    params = {**BASE, "prompt": PROMPTS[i % len(PROMPTS)], "plugin_options": {"fv-cache-dit": options}}
-    return Request(rid, task="text_to_video", params=params, seed=i)
+def wan_request(model, rid: str, i: int, **options) -> Request:
+    """A request whose fv-cache-dit options ``options`` pass the core's one validation (``prepare``)."""
+    params = {**BASE, "prompt": PROMPTS[i % len(PROMPTS)], "seed": i}
+    return model.prepare(
+        params, request_id=rid, plugin_options={"fv-cache-dit": options} if options else None
+    )
 
 
 def test_interleaved_wan_requests_with_different_thresholds_equal_serial(model):
@@ -43,7 +55,7 @@ def test_interleaved_wan_requests_with_different_thresholds_equal_serial(model):
     ]
 
     def items():
-        return [(WanLoop(), wan_request(f"w{i}", i, **ask), model) for i, ask in enumerate(asks)]
+        return [model.job(wan_request(model, f"w{i}", i, **ask)) for i, ask in enumerate(asks)]
 
     with torch.no_grad():
         serial = Engine(interceptors=[DBCache(**OPTS)]).run_serial(items())
@@ -53,34 +65,39 @@ def test_interleaved_wan_requests_with_different_thresholds_equal_serial(model):
     stats = [r.metrics["cache_dit"] for r in interleaved if r is not None]
     assert stats == [r.metrics["cache_dit"] for r in serial if r is not None]
     assert set(stats[0]["branches"]) == {"cond", "uncond"}  # two-forward CFG: one cache per branch
-    assert all(s["computed"] + s["cached"] == 2 * BASE["steps"] for s in stats)
+    assert all(s["computed"] + s["cached"] == 2 * BASE["num_inference_steps"] for s in stats)
     assert stats[2]["cached"] > stats[0]["cached"]  # a higher threshold caches more
 
 
 @pytest.mark.parametrize("cfg_mode", ["two_forward", "batched"])
 def test_threshold_zero_is_the_uncached_output(model, cfg_mode):
     params = {**BASE, "prompt": PROMPTS[0], "cfg_mode": cfg_mode}
-    asked = {**params, "plugin_options": {"fv-cache-dit": {"residual_diff_threshold": 0.0}}}
+    asked = {"fv-cache-dit": {"residual_diff_threshold": 0.0}}
     with torch.no_grad():
-        plain = Engine().run_one(WanLoop(), Request("p", task="text_to_video", params=params), model)
+        plain = Engine().run_one(*model.job(model.prepare(params)))
         zero = Engine(interceptors=[TaylorSeer(**OPTS)]).run_one(
-            WanLoop(), Request("z", task="text_to_video", params=asked), model
+            *model.job(model.prepare(params, plugin_options=asked))
         )
     assert torch.equal(zero.outputs["frames"], plain.outputs["frames"])
     stats = zero.metrics["cache_dit"]
     assert (
-        stats["cached"] == 0 and stats["computed"] == (2 if cfg_mode == "two_forward" else 1) * BASE["steps"]
+        stats["cached"] == 0
+        and stats["computed"] == (2 if cfg_mode == "two_forward" else 1) * BASE["num_inference_steps"]
     )
 
 
-def test_fastwan_card_rejects_block_skipping():
-    fastwan = SimpleNamespace(card=fastwan_1_3b())
-    with pytest.raises(ConfigError, match=r"card 'fastwan2.1-t2v-1.3b' rejects interceptor 'fbcache'.*dmd2"):
-        Engine(interceptors=[FBCache()]).run_one(WanLoop(), wan_request("f", 0), fastwan)
+def wan_host() -> PluginHost:
     host = PluginHost(env={})
     host.add(fv_wan.plugin, "fv-wan")
     host.add(fv_cache_dit.plugin, "fv-cache-dit")
-    host = host.collect()
+    return host.collect()
+
+
+def test_fastwan_card_rejects_block_skipping(model):
+    fastwan = SimpleNamespace(card=fastwan_1_3b())
+    with pytest.raises(ConfigError, match=r"card 'fastwan2.1-t2v-1.3b' rejects interceptor 'fbcache'.*dmd2"):
+        Engine(interceptors=[FBCache()]).run_one(WanLoop(model.instance), wan_request(model, "f", 0), fastwan)
+    host = wan_host()
     deploy = {"plugins": ["fv-wan", "fv-cache-dit"], "models": [{"card": "wan2.1-t2v-tiny"}]}
     deploy["models"][0]["interceptors"] = ["dbcache"]
     assert check_deploy(parse_deploy(deploy), host) == []

@@ -60,7 +60,7 @@ def test_fastwan_three_step_loop_runs(tiny_path):
         ({"cfg_mode": "triple"}, "cfg_mode"),
         ({"sampler": "ddim"}, "sampler"),
         ({"prompt": ""}, "prompt"),
-        ({"num_frame": 5}, "num_frame.*Extra inputs.*Fix: remove it"),
+        ({"num_frame": 5}, "num_frame.*Extra inputs.*Fix: it is an unknown field; remove it"),
     ],
 )
 def test_validation_messages_name_value_rule_and_fix(tiny_model, params, match):

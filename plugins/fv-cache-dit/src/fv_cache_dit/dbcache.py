@@ -21,11 +21,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+from pydantic import ValidationError
 
 from fv_cache_dit.options import PLUGIN, CacheDiTOptions
 from fv_cache_dit.stats import summarize
 from fv_cache_dit.taylorseer import taylor_forecast, taylor_update
-from fv_core import ConfigError, LoopResult, LoopState
+from fv_core import ConfigError, LoopResult, LoopState, explain
 from fv_core.extend import BLOCK_SKIP, BlockFn
 
 
@@ -67,12 +68,23 @@ class DBCache:
     name: ClassVar[str] = "dbcache"
     preset: ClassVar[dict[str, Any]] = {}  # option defaults this variant changes
 
+    def __init__(self, **options: Any) -> None:
+        """``options``: this interceptor's own defaults (over the package's and this variant's preset);
+        a deployment's and a request's options reach each request through ``request.options``."""
+        try:
+            self.options = CacheDiTOptions(**{**self.preset, **options})
+        except ValidationError as exc:
+            raise ConfigError(
+                explain(exc, f"interceptor {self.name!r}", CacheDiTOptions.model_fields)
+            ) from None
+
     def on_start(self, state: LoopState, request: Any) -> None:
-        """This request's options (the deployment's overridden by the request's, validated once by the
-        core), with this variant's preset for the fields neither set."""
-        opts = request.options.get(PLUGIN) or CacheDiTOptions()
-        preset = {k: v for k, v in self.preset.items() if k not in opts.model_fields_set}
-        state.plugin_state.setdefault(PLUGIN, {})["options"] = opts.model_copy(update=preset).model_dump()
+        """This request's options: the fields its (core-validated) options set, over this interceptor's."""
+        asked = request.options.get(PLUGIN) if request.options else None
+        update = asked.model_dump(include=asked.model_fields_set) if asked is not None else {}
+        state.plugin_state.setdefault(PLUGIN, {})["options"] = self.options.model_copy(
+            update=update
+        ).model_dump()
 
     def on_finish(self, state: LoopState, result: LoopResult) -> None:
         result.metrics["cache_dit"] = summarize(self.name, state.plugin_state.get(PLUGIN, {}))

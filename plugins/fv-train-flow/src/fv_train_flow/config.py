@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fv_core import ConfigError
+from fv_core import ConfigError, explain
 
 
 class _Strict(BaseModel):
@@ -145,21 +145,13 @@ def validate(raw: dict[str, Any], source: str = "config") -> TrainConfig:
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_explain(exc, source)) from None
+        raise ConfigError(explain(exc, f"invalid {source}", TrainConfig.model_fields)) from None
 
 
 def validate_options(schema: type[BaseModel], options: dict[str, Any], method: str) -> Any:
     try:
         return schema.model_validate(options)
     except ValidationError as exc:
-        raise ConfigError(_explain(exc, f"options of method {method!r}")) from None
-
-
-def _explain(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid {source}:"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        got = f" (got {err['input']!r})" if err["type"] != "missing" else ""
-        lines.append(f"  {where}: {err['msg']}{got}")
-    lines.append("Fix: correct the fields above; unknown fields are rejected (extra='forbid').")
-    return "\n".join(lines)
+        raise ConfigError(
+            explain(exc, f"invalid options of method {method!r}", schema.model_fields)
+        ) from None
