@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from fv_core.artifacts import ImageArtifact, VideoArtifact
 from fv_core.model import LoadedModel
 from fv_core.parity.gate import assert_interleave_parity
 from fv_core.runtime.engine import Engine
@@ -40,8 +41,11 @@ class CardContract:
         for params in contract_requests:
             ours = contract_model.generate(**params)
             ref = contract_reference(ours.provenance["params"])  # every resolved param, defaults included
-            frames = getattr(ours, "frames", None)
-            frames = frames if frames is not None else ours.image[None]  # type: ignore[attr-defined]
+            if isinstance(ours, ImageArtifact):
+                frames = ours.image[None]
+            else:
+                assert isinstance(ours, VideoArtifact), "the card contract compares video or image outputs"
+                frames = ours.frames
             assert frames.shape == ref.shape, (params, frames.shape, ref.shape)
             worst = float(np.abs(frames - ref).max())
             assert worst <= tolerance, f"{params}: max |fv - reference| = {worst:.3e} > {tolerance:g}"

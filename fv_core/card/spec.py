@@ -78,7 +78,7 @@ class ProgramSpec(Spec):
 
     stages: list[str]  # loop ids, run in order
     defaults: dict[str, Any] = Field(default_factory=dict)  # Params field -> this card's default
-    outputs: list[PartKind] = Field(default_factory=lambda: ["video"])  # artifacts the task yields
+    outputs: list[PartKind] = Field(default_factory=lambda: list[PartKind](["video"]))  # artifacts it yields
     description: str = ""
 
 

@@ -9,7 +9,7 @@ mode turns ``"5"`` into 5.
 from __future__ import annotations
 
 from copy import copy
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -62,7 +62,7 @@ def with_params(base: type[Strict], params: list[type[BaseModel]], name: str) ->
                 continue
             optional = copy(info)
             optional.default = None
-            fields[field] = (info.annotation | None, optional)
+            fields[field] = (Optional[info.annotation], optional)  # noqa: UP045 - a runtime annotation
     return create_model(name, __base__=base, **fields)
 
 

@@ -30,8 +30,15 @@ from fv_core.training import Role, train_body
 from fv_train_flow import shapes
 from fv_train_flow.config import FlowOptions, TrainConfig, validate_options
 from fv_train_flow.trainer import load_optimizer, make_optimizer, save_optimizer, set_lr
-from fv_wan.loop import denoise_body, encode_body, text_kv_body
-from fv_wan.tiny import WAN_SCHEDULER_CONFIG, write_pipeline_files
+from fv_wan import (
+    WAN_SCHEDULER_CONFIG,
+    denoise_body,
+    encode_body,
+    load_component,
+    text_kv_body,
+    word_tokenizer,
+    write_pipeline_files,
+)
 
 TRAINED = ("transformer", "text_encoder")  # components the student role holds
 EVAL_SIGMAS = (0.2, 0.4, 0.6, 0.8, 0.95)  # fixed noise levels of the validation loss
@@ -216,7 +223,8 @@ class FlowMethod:
     def load(self, folder: Path) -> None:
         for role, root in ((Role.STUDENT, folder / "student"), (Role.EMA, folder)):
             for name, module in self.roles[role].items():
-                module.load_state_dict(_load(name, root / name).state_dict())
+                saved = type(module).from_pretrained(root / name, use_safetensors=True)  # safetensors only
+                module.load_state_dict(saved.state_dict())
         load_optimizer(self.opt, folder / "optimizer.safetensors")
 
     def export(self, folder: Path) -> None:
@@ -242,7 +250,7 @@ def build_student(opts: FlowOptions) -> tuple[Any, dict[str, torch.nn.Module]]:
 
     if opts.init_weights is not None:
         root = Path(opts.init_weights)
-        return _load("tokenizer", root / "tokenizer"), {n: _load(n, root / n) for n in TRAINED}
+        return load_component(root, "tokenizer"), {n: load_component(root, n) for n in TRAINED}
     tokenizer = shapes_tokenizer()
     text_config = UMT5Config(
         vocab_size=len(tokenizer),
@@ -263,22 +271,11 @@ def build_student(opts: FlowOptions) -> tuple[Any, dict[str, torch.nn.Module]]:
 
 
 def shapes_tokenizer():
-    """A word-level tokenizer over the caption vocabulary, with T5's conventions (lowercase,
-    ``</s>`` appended; <pad>=0, </s>=1, <unk>=2)."""
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
+    """fv-wan's word-level tokenizer over the shapes captions' vocabulary."""
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
     for word in shapes.vocabulary():
         vocab.setdefault(word, len(vocab))
-    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=512
-    )
+    return word_tokenizer(vocab)
 
 
 def write_checkpoint(folder: Path, modules: dict[str, torch.nn.Module], tokenizer: Any, vae: Path) -> None:
@@ -289,21 +286,6 @@ def write_checkpoint(folder: Path, modules: dict[str, torch.nn.Module], tokenize
     tokenizer.save_pretrained(folder / "tokenizer")
     shutil.copytree(vae, folder / "vae", dirs_exist_ok=True)
     write_pipeline_files(folder)
-
-
-def _load(name: str, path: Path) -> Any:
-    """One component from its folder, with the loader the Wan plugin uses."""
-    if name == "tokenizer":
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path)
-    if name == "transformer":
-        from diffusers import WanTransformer3DModel
-
-        return WanTransformer3DModel.from_pretrained(path, use_safetensors=True)
-    from transformers import UMT5EncoderModel
-
-    return UMT5EncoderModel.from_pretrained(path, use_safetensors=True)
 
 
 def _plan(kind: WorkUnitKind, body: Any, module: torch.nn.Module, inputs: dict[str, Any]) -> WorkPlan:

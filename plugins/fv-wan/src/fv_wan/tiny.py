@@ -135,7 +135,7 @@ def write_tiny_checkpoint(folder: Path, transformer: dict | None = None, seed: i
     dit.save_pretrained(folder / "transformer", safe_serialization=True)
     vae.save_pretrained(folder / "vae", safe_serialization=True)
     text_encoder.save_pretrained(folder / "text_encoder", safe_serialization=True)
-    _tiny_tokenizer(vocab).save_pretrained(folder / "tokenizer")
+    word_tokenizer(vocab).save_pretrained(folder / "tokenizer")
     write_pipeline_files(folder)
 
 
@@ -154,8 +154,9 @@ def write_pipeline_files(folder: Path) -> None:
     (folder / "model_index.json").write_text(json.dumps(model_index, indent=2))
 
 
-def _tiny_tokenizer(vocab: dict[str, int]):
-    """A word-level tokenizer with T5's conventions (lowercase, ``</s>`` appended)."""
+def word_tokenizer(vocab: dict[str, int]):
+    """A word-level tokenizer over ``vocab`` with T5's conventions (lowercase, ``</s>`` appended;
+    ``<pad>``=0, ``</s>``=1, ``<unk>``=2), built offline: the tiny checkpoint's and fv-train-flow's."""
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
