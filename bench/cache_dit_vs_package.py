@@ -173,35 +173,33 @@ def side_package(weights: str, steps: int, repeats: int) -> dict:
 def side_fv(weights: str, steps: int, repeats: int) -> dict:
     import torch
 
+    import fv_core
     from fv_cache_dit import DBCache
     from fv_core.parity import compare_results
-    from fv_core.request.request import Request
     from fv_core.runtime import Engine
-    from fv_wan.cards import wan_tiny
-    from fv_wan.loop import WanLoop
-    from fv_wan.model import WanModel
 
-    model = WanModel(wan_tiny().model_copy(update={"model_id": "wan-medium-bench"}), weights)
+    model = fv_core.load(weights)  # the card is built from the medium folder's own configs
 
-    def req(i: int) -> Request:
+    def req(i: int):
         params = dict(
             prompt=PROMPTS[i],
             negative_prompt=NEGATIVE,
-            steps=steps,
-            guidance=GUIDANCE,
+            num_inference_steps=steps,
+            guidance_scale=GUIDANCE,
             cfg_mode="two_forward",
+            seed=i,
             **SIZE,
         )
-        return Request(f"r{i}", task="text_to_video", params=params, seed=i)
+        return model.job(model.prepare(params, request_id=f"r{i}"))
 
     def engine(options: dict | None) -> Engine:
         return Engine(interceptors=[DBCache(**options)] if options is not None else [])
 
     def one(options: dict | None):
-        return engine(options).run_one(WanLoop(), req(0), model)
+        return engine(options).run_one(*req(0))
 
     def many(options: dict | None, mode: str = "run_interleaved"):
-        return getattr(engine(options), mode)([(WanLoop(), req(i), model) for i in range(CONCURRENT)])
+        return getattr(engine(options), mode)([req(i) for i in range(CONCURRENT)])
 
     configs: dict[str, dict | None] = {"uncached": None, **SETTINGS}
     result: dict = {}

@@ -114,13 +114,11 @@ def plot_accuracy(results: list[dict], png: Path) -> None:
 
 def single_video_seconds(model, repeats: int = 3) -> dict[str, float]:
     """Latency of one unbatched `fv generate` call at the card's defaults (median of ``repeats``)."""
-    from fv_core import generate_video
-
     times = {}
     for steps, guidance in ((4, 1.0), (30, 4.0)):
-        params = {"prompt": "a green square moving up", "steps": steps, "guidance": guidance}
-        generate_video(model, params)  # warm-up
-        runs = sorted(generate_video(model, params, seed=i).provenance["seconds"] for i in range(repeats))
+        params = {"prompt": "a green square moving up", "num_inference_steps": steps, "guidance_scale": guidance}
+        model.generate(**params)  # warm-up
+        runs = sorted(model.generate(**params, seed=i).provenance["seconds"] for i in range(repeats))
         times[f"steps{steps}_guidance{guidance:g}"] = runs[repeats // 2]
     return times
 

@@ -90,20 +90,22 @@ def side_diffusers(weights: str, steps: int) -> dict:
 def side_fv(weights: str, steps: int) -> dict:
     import torch
 
-    from fv_core.request.request import Request
+    import fv_core
     from fv_core.runtime import Engine
-    from fv_wan.cards import wan_tiny
-    from fv_wan.loop import WanLoop
-    from fv_wan.model import WanModel
 
-    card = wan_tiny().model_copy(update={"model_id": "wan-medium-bench"})
-    model = WanModel(card, weights)
+    model = fv_core.load(weights)  # the card is built from the medium folder's own configs
 
-    def req(i: int, rid: str, cfg_mode: str = "batched") -> Request:
+    def req(i: int, rid: str, cfg_mode: str = "batched"):
         params = dict(
-            prompt=PROMPTS[i], negative_prompt=NEGATIVE, steps=steps, guidance=5.0, cfg_mode=cfg_mode, **SIZE
+            prompt=PROMPTS[i],
+            negative_prompt=NEGATIVE,
+            num_inference_steps=steps,
+            guidance_scale=5.0,
+            cfg_mode=cfg_mode,
+            seed=i,
+            **SIZE,
         )
-        return Request(request_id=rid, params=params, seed=i)
+        return model.job(model.prepare(params, request_id=rid))
 
     class StepClock:
         """Observer: when each denoise body ended and how long it ran, to time what happens between bodies."""
@@ -123,14 +125,14 @@ def side_fv(weights: str, steps: int) -> dict:
                 self.bodies.append(result.seconds)
 
     with torch.no_grad():
-        Engine().run_one(WanLoop(), req(0, "warm"), model)  # loads components, warms the text cache
-        two_forward = best(lambda: Engine().run_one(WanLoop(), req(0, "tf", "two_forward"), model))
-        single = best(lambda: Engine().run_one(WanLoop(), req(0, "s"), model))
-        items = lambda: [(WanLoop(), req(i, f"c{i}"), model) for i in range(8)]  # noqa: E731
+        Engine().run_one(*req(0, "warm"))  # loads components, warms the text cache
+        two_forward = best(lambda: Engine().run_one(*req(0, "tf", "two_forward")))
+        single = best(lambda: Engine().run_one(*req(0, "s")))
+        items = lambda: [req(i, f"c{i}") for i in range(8)]  # noqa: E731
         Engine().run_batched(items())  # warm the 8 prompts
         batched8 = best(lambda: Engine().run_batched(items()), repeats=1)
         clock = StepClock()
-        Engine(observers=(clock,)).run_one(WanLoop(), req(0, "o"), model)
+        Engine(observers=(clock,)).run_one(*req(0, "o"))
     # between two denoise bodies: observers, advance (CFG combine, sampler update), next, scheduling
     gaps = [b - a - body for a, b, body in zip(clock.ends, clock.ends[1:], clock.bodies[1:], strict=False)]
     overhead, step = sum(gaps) / len(gaps), sum(clock.bodies) / len(clock.bodies)

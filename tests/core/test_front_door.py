@@ -7,10 +7,20 @@ import json
 import types
 
 import pytest
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import fv_core
-from fv_core import CardValidationError, CardVariant, ConfigError, ProgramSpec, hookimpl
+from fv_core import (
+    CardValidationError,
+    CardVariant,
+    ConfigError,
+    LoopKind,
+    LoopSpec,
+    ProgramSpec,
+    RecipeSpec,
+    WorkUnitKind,
+    hookimpl,
+)
 from fv_core.card.assemble import assemble_card
 from fv_core.errors import explain
 from fv_core.kernels_select import select_kernel
@@ -168,3 +178,55 @@ def test_load_reads_a_folder_through_the_registered_pipeline_reader(host, tmp_pa
         fv_core.UnknownKeyError, match="neither a registered card nor a diffusers-format folder"
     ):
         fv_core.load(str(tmp_path / "nowhere"), host=host)
+
+
+class CountParams(fv_core.Params):
+    steps: int = Field(ge=1, le=10, description="steps per stage")
+
+
+class CountLoop:
+    """A loop of ``steps`` steps that counts them (a real WorkPlan body per step)."""
+
+    def __init__(self, instance):
+        self.instance = instance
+
+    def init(self, request, instance, ctx):
+        return fv_core.LoopState(request.request_id, "count", total_steps=request.params.steps)
+
+    def next(self, state):
+        if state.step == state.total_steps:
+            return fv_core.Done()
+        return fv_core.WorkPlan(fv_core.WorkUnitKind.AR_TOKEN, lambda inputs: {"one": 1}, {})
+
+    def advance(self, state, result):
+        state.step += result.outputs["one"]
+        return state
+
+    def finalize(self, state):
+        return fv_core.LoopResult({"text": f"counted {state.step}"})
+
+
+def test_a_task_of_two_loops_runs_as_a_program(host, tmp_path):
+    loop = LoopSpec(
+        kind=LoopKind.AR_DECODE,
+        work_unit_kind=WorkUnitKind.AR_TOKEN,
+        loop_factory=f"{__name__}:CountLoop",
+        params=f"{__name__}:CountParams",
+    )
+    card = make_card(
+        "counter",
+        loops={"count": loop},
+        recipe=RecipeSpec(assumes_loop="count"),
+        caches={},
+        programs={"twice": ProgramSpec(stages=["count", "count"], defaults={"steps": 2}, outputs=["text"])},
+        components={},
+        instance_factory=f"{__name__}:ToyInstance",
+    )
+    host.add(cards_plugin(card), "fv-counter")
+    host.collect()
+    model = fv_core.load("counter", tmp_path, host=host)
+    text = model.generate(steps=3)
+    assert isinstance(text, fv_core.TextArtifact) and text.text == "counted 3"
+    metrics = text.provenance["metrics"]
+    assert metrics["steps"] == 6 and list(metrics["stages"]) == ["0:count", "1:count"]
+    assert model.generate().provenance["params"] == {"seed": 0, "steps": 2}  # the card's default
