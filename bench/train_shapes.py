@@ -116,7 +116,11 @@ def single_video_seconds(model, repeats: int = 3) -> dict[str, float]:
     """Latency of one unbatched `fv generate` call at the card's defaults (median of ``repeats``)."""
     times = {}
     for steps, guidance in ((4, 1.0), (30, 4.0)):
-        params = {"prompt": "a green square moving up", "num_inference_steps": steps, "guidance_scale": guidance}
+        params = {
+            "prompt": "a green square moving up",
+            "num_inference_steps": steps,
+            "guidance_scale": guidance,
+        }
         model.generate(**params)  # warm-up
         runs = sorted(model.generate(**params, seed=i).provenance["seconds"] for i in range(repeats))
         times[f"steps{steps}_guidance{guidance:g}"] = runs[repeats // 2]
