@@ -119,17 +119,17 @@ def bind_card(host: PluginHost, card: ModelCard, folder: Path) -> ModelCard:
     """
     if not folder.is_dir():
         raise WeightsError(f"weights folder {str(folder)!r} does not exist. Fix: pass an existing folder.")
-    found = []  # (file, key, expected, found) of every mismatch
+    checks = []  # (file, key, expected value or list of allowed ones, the folder's value)
     if card.pipeline is not None:
-        found.append(
+        checks.append(
             ("model_index.json", "_class_name", card.pipeline, _model_index(folder).get("_class_name"))
         )
     for name, spec in card.components.items():
         sub = spec.subfolder or name
         file = f"{sub}/{'scheduler_config.json' if spec.kind == 'scheduler' else 'config.json'}"
         config = _read_json(folder / file) if spec.config else {}
-        found += [(file, key, want, config.get(key)) for key, want in spec.config.items()]
-    wrong = [m for m in found if not (m[3] in m[2] if isinstance(m[2], list) else m[3] == m[2])]
+        checks += [(file, key, want, config.get(key)) for key, want in spec.config.items()]
+    wrong = [c for c in checks if not (c[3] in c[2] if isinstance(c[2], list) else c[3] == c[2])]
     if wrong:
         lines = "; ".join(
             f"expects {k}={want!r} in {file}, the folder has {k}={got!r}" for file, k, want, got in wrong

@@ -23,7 +23,7 @@ from fv_core.artifacts import AudioArtifact, ImageArtifact, TextArtifact, VideoA
 from fv_core.card.spec import ModelCard, ProgramSpec
 from fv_core.card.validate import check_loop_request
 from fv_core.deploy.card import Limits
-from fv_core.errors import ConfigError, LimitExceeded, UnknownKeyError, explain
+from fv_core.errors import ConfigError, LimitExceeded, UnknownKeyError, error_field, explain
 from fv_core.loop.contracts import Loop, LoopResult
 from fv_core.program import Program, Stage
 from fv_core.registry import resolve_lazy
@@ -135,7 +135,7 @@ class LoadedModel:
         try:
             params = cls.model_validate({**program.defaults, **given})
         except ValidationError as exc:
-            param = ".".join(str(p) for p in exc.errors()[0]["loc"]) or None
+            param = error_field(exc.errors()[0]) or None
             where = f"request to {self.card.model_id!r} (task {task!r})"
             raise ConfigError(explain(exc, where, cls.model_fields), param=param) from None
         self._check_limits(params)

@@ -24,7 +24,7 @@ from fv_core.errors import AdmissionInfeasible, Cancelled, ConfigError, LimitExc
 from fv_core.load import load
 from fv_core.model import LoadedModel
 from fv_core.plugins import PluginHost
-from fv_core.request import Request
+from fv_core.request import ImagePart, Request
 from fv_core.request.params import MAX_SEED
 from fv_core.runtime import AsyncEngine, Budget, Engine
 from fv_core.serving.jobs import JobStore, new_job_id
@@ -116,21 +116,11 @@ class Service:
         served = self.model(body.model)
         task = served.loaded.card.tasks[0]
         program = served.loaded.card.programs[task]
-        if (
-            body.input_reference is not None
-            and "image" not in served.loaded.card.loops[program.stages[0]].accepts
-        ):
-            raise ApiError(
-                400,
-                f"model {served.name!r} takes no input_reference: its task {task!r} takes no image. "
-                "Fix: drop input_reference.",
-                "unsupported_parameter",
-                "input_reference",
-            )
-        raw = self._raw(body, program.defaults)
+        parts = await self._reference(served, task, body.input_reference)
+        raw = self._raw(body)
         if body.seconds is not None and "num_frames" not in raw:
             raw["num_frames"] = round(body.seconds * raw.get("fps", program.defaults.get("fps", 16))) + 1
-        request = self._prepare(served, raw, task, body.plugin_options)
+        request = self._prepare(served, raw, task, body.plugin_options, parts)
         rid = await self._submit(*served.loaded.job(request))
         job_id = new_job_id()
         p = request.params
@@ -186,7 +176,7 @@ class Service:
                 "unsupported_model",
                 "model",
             )
-        raw = self._raw(body, served.loaded.card.programs[IMAGE_TASK].defaults)
+        raw = self._raw(body)
         seed = raw.pop("seed")
         requests = [
             self._prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, IMAGE_TASK, body.plugin_options)
@@ -228,9 +218,38 @@ class Service:
     # -- shared ---------------------------------------------------------------------------------------
 
     @staticmethod
-    def _raw(body: VideoBase | ImageBase, defaults: dict[str, Any]) -> dict[str, Any]:
+    async def _reference(served: ServedModel, task: str, reference: Any) -> tuple[ImagePart, ...]:
+        """``input_reference`` as an image part, for a task whose loop takes images."""
+        if reference is None:
+            return ()
+        loop = served.loaded.card.loops[served.loaded.card.programs[task].stages[0]]
+        if "image" not in loop.accepts:
+            raise ApiError(
+                400,
+                f"model {served.name!r} takes no input_reference: its task {task!r} takes no image. "
+                "Fix: drop input_reference.",
+                "unsupported_parameter",
+                "input_reference",
+            )
+        if not hasattr(reference, "read"):
+            raise ApiError(
+                400,
+                f"input_reference must be an uploaded image file; got {type(reference).__name__}. "
+                "Fix: send it as a multipart file field.",
+                "unsupported_parameter",
+                "input_reference",
+            )
+        try:
+            return (ImagePart(await asyncio.to_thread(decode_image, await reference.read())),)
+        except OSError as exc:
+            raise ApiError(
+                400, f"input_reference is not a readable image ({exc}).", "invalid_image", "input_reference"
+            ) from None
+
+    @staticmethod
+    def _raw(body: VideoBase | ImageBase) -> dict[str, Any]:
         """The request params a body sets: its param fields, ``size`` as width/height, a random seed
-        when it sets none (omitted params take the card's ``defaults`` in ``prepare``)."""
+        when it sets none (omitted params take the card's defaults in ``prepare``)."""
         raw = body.model_dump(exclude=set(API_FIELDS - {"prompt"}), exclude_none=True)
         width, height = parse_size(None if body.size == "auto" else body.size)
         if width is not None:
@@ -239,10 +258,12 @@ class Service:
         return raw
 
     @staticmethod
-    def _prepare(served: ServedModel, raw: dict[str, Any], task: str, options: dict[str, Any]) -> Request:
+    def _prepare(
+        served: ServedModel, raw: dict[str, Any], task: str, options: dict[str, Any], parts: tuple = ()
+    ) -> Request:
         """The typed request; bad values, limits and plugin options answer 400 naming the param."""
         try:
-            return served.loaded.prepare(raw, task=task, plugin_options=options)
+            return served.loaded.prepare(raw, task=task, plugin_options=options, parts=parts)
         except LimitExceeded as exc:
             raise ApiError(400, str(exc), "limit_exceeded", exc.param) from None
         except ConfigError as exc:
@@ -309,6 +330,14 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int) -> tuple[str, str]:
     tmp.replace(path)
     count, height, width = frames.shape[:3]
     return f"{width}x{height}", f"{count / fps:g}"
+
+
+def decode_image(data: bytes) -> np.ndarray:
+    """An uploaded image as ``[H, W, 3]`` float32 in 0..1 (OSError when it is not one)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
 
 
 def encode_png(frame: np.ndarray) -> bytes:

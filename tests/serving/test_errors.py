@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -152,3 +153,13 @@ def test_full_queue_is_429_with_retry_after(server, client):
 def test_unknown_route_and_method(server):
     assert error_of(httpx.get(f"{server.url}/v1/nothing", headers=AUTH), 404)["code"] == "not_found"
     assert httpx.put(f"{server.url}/v1/videos", headers=AUTH).status_code == 405
+
+
+def test_uploaded_references_decode_to_image_parts():
+    from fv_core.serving.service import decode_image, encode_png
+
+    frame = np.random.default_rng(0).random((8, 12, 3)).astype(np.float32)
+    image = decode_image(encode_png(frame))
+    assert image.shape == (8, 12, 3) and np.abs(image - frame).max() <= 0.5 / 255 + 1e-6
+    with pytest.raises(OSError):
+        decode_image(b"\x89PNG...")

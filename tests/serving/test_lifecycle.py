@@ -154,3 +154,19 @@ def test_models_health_metrics(server, client):
         "fv_jobs_total",
     ):
         assert name in metrics
+
+
+def test_the_request_schema_is_the_served_cards_params(server):
+    """The OpenAPI body of POST /v1/videos is OpenAI's fields plus the deployed loops' Params."""
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    body = spec["paths"]["/v1/videos"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    fields = body["properties"]
+    assert {"prompt", "model", "size", "seconds", "plugin_options"} <= set(fields)  # OpenAI's
+    assert {"num_inference_steps", "guidance_scale", "sampler", "flow_shift", "max_sequence_length"} <= set(
+        fields
+    )
+    sampler = next(a for a in fields["sampler"]["anyOf"] if "enum" in a)
+    assert (
+        sampler["enum"] == ["unipc", "euler", "dmd"] and fields["num_inference_steps"]["limit"] == "max_steps"
+    )
+    assert fields["guidance_scale"]["description"] == "CFG scale; 1 turns CFG off"

@@ -124,6 +124,7 @@ def test_cli_generates_from_a_folder_and_replays(euler_path, tmp_path, monkeypat
     assert prov["params"]["num_inference_steps"] == 2 and prov["params"]["width"] == 32
     assert main(["generate", "--replay", str(out.with_suffix(".json")), "-o", str(tmp_path / "b.mp4")]) == 0
     assert json.loads((tmp_path / "b.json").read_text())["params"] == prov["params"]
+    assert (tmp_path / "b.mp4").read_bytes() == out.read_bytes()  # same frames, same encoder: same file
     assert main(["generate", "--model", TINY, "--prompt", "a cat", "--frames", "6"]) == 2  # 4k+1
 
 
