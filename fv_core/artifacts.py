@@ -23,6 +23,13 @@ from fv_core.errors import ConfigError, FvError
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 AUDIO_SUFFIXES = (".wav",)
 AV_SUFFIXES = (".mp4", ".mov", ".mkv")  # containers that hold H.264 video with AAC audio
+# artifact kind -> the suffixes it saves as (a one-frame video may also be a .png)
+SUFFIXES = {
+    "video": (*AV_SUFFIXES, ".png"),
+    "image": IMAGE_SUFFIXES,
+    "audio": AUDIO_SUFFIXES,
+    "text": (".txt",),
+}
 
 
 def _prepare(path: str | Path, kind: str, suffixes: tuple[str, ...] | None = None) -> Path:

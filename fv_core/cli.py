@@ -7,6 +7,7 @@ import json
 import sys
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from fv_core.errors import ConfigError, FvError
@@ -106,26 +107,34 @@ def parse_size(text: str) -> tuple[int, int]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from fv_core.artifacts import SUFFIXES
+    from fv_core.deploy import load_deploy
     from fv_core.load import load
-    from fv_core.replay import replay_plan
+    from fv_core.replay import replay_plan, with_kernels
 
-    host = load_plugins()
+    host = args.host
     raw = {name: getattr(args, name) for name in args.param_names}
     if args.size:
         raw["width"], raw["height"] = args.size
-    model_name, weights, task, options = args.model, args.weights, args.task, None
-    deploy = args.deploy
+    name, weights, task, options = args.model, args.weights, args.task, None
+    deploy = load_deploy(args.deploy) if args.deploy else None
     if args.replay:
         plan = replay_plan(host, args.replay)
-        model_name, weights, deploy, task = plan.model, plan.weights, plan.deploy, plan.task
+        name, weights, deploy, task = plan.model, plan.weights, plan.deploy, task or plan.task
         raw, options = {**plan.params, **{k: v for k, v in raw.items() if v is not None}}, plan.plugin_options
-    if model_name is None and weights is None:
-        raise ConfigError("nothing to load. Fix: pass --model CARD, --weights DIR or --replay FILE.")
+    if name is None and weights is None and deploy is None:
+        raise ConfigError(
+            "nothing to load. Fix: pass --model CARD, --weights DIR, --deploy FILE or --replay FILE."
+        )
     if args.attention:
-        from fv_core.replay import one_model_deploy
-
-        deploy = one_model_deploy(host, model_name, weights, kernels={"attention": args.attention})
-    model = load(model_name, weights, deploy=deploy, host=host)
+        deploy = with_kernels(host, deploy, name, weights, {"attention": args.attention})
+    model = load(name, weights, deploy=deploy, host=host)
+    kind = model.card.programs[model.program(task)[0]].outputs[0]
+    output = Path(args.output or DEFAULT_OUTPUT[kind])
+    if output.suffix.lower() not in SUFFIXES[kind]:
+        raise ConfigError(
+            f"-o {output}: a {kind} is saved as one of {', '.join(SUFFIXES[kind])}. Fix: rename it."
+        )
     with tqdm(desc=model.card.model_id, unit="step", leave=False) as bar:
 
         def progress(step: int, total: int) -> None:
@@ -133,8 +142,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             bar.update(step - bar.n)
 
         artifact = model.generate(task=task, plugin_options=options, progress=progress, **raw)
-    outputs = model.card.programs[artifact.provenance["task"]].outputs
-    path = artifact.save(args.output or DEFAULT_OUTPUT[outputs[0]])
+    path = artifact.save(output)
     print(f"wrote {path} and {path.with_suffix('.json')} in {artifact.provenance['seconds']:.1f} s")
     return 0
 
@@ -216,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="attention kernel variant, e.g. sta (default: the card's; see `fv cards`)",
     )
     gen.add_argument("-o", "--output", help="output file (default: out.mp4, out.png, ... by the task)")
-    gen.set_defaults(func=cmd_generate, param_names=add_param_flags(gen, host))
+    gen.set_defaults(func=cmd_generate, host=host, param_names=add_param_flags(gen, host))
     from fv_core.serving.cli import add_serve_parser  # imports FastAPI only when installed with [serve]
 
     add_serve_parser(sub)

@@ -79,12 +79,13 @@ class NonFiniteOutput(FvError, FloatingPointError):
 def explain(exc: Any, where: str = "", allowed: Iterable[str] | None = None) -> str:
     """One line per problem of a pydantic (or FastAPI) validation error: the field, the rule, the value,
     the fix. ``where`` prefixes the message (``"deploy.yaml"``, ``"options for plugin 'x'"``);
-    ``allowed`` lists the valid field names for unknown-field errors."""
+    ``allowed`` lists the valid top-level field names for unknown top-level fields."""
     lines = []
     for err in exc.errors():
         field = error_field(err) or "(top level)"
         if err["type"] == "extra_forbidden":
-            known = f" Allowed: {sorted(allowed)}." if allowed is not None else ""
+            top = len([p for p in err["loc"] if p not in ("body", "query", "path", "header")]) == 1
+            known = f" Allowed: {sorted(allowed)}." if allowed is not None and top else ""
             fix = f"it is an unknown field; remove it or check its spelling.{known}"
         elif err["type"] == "missing":
             fix = f"pass {field}."

@@ -22,7 +22,7 @@ from fv_core.deploy.check import check_deploy, deploy_plugin_options
 from fv_core.errors import ConfigError, WeightsError
 from fv_core.kernels_select import select_kernel
 from fv_core.model import LoadedModel, OptionsPolicy, unknown_model
-from fv_core.plugins import PluginHost, dist_version, load_plugins
+from fv_core.plugins import BUILTIN_PLUGIN, PluginHost, dist_version, load_plugins
 from fv_core.registry import resolve_lazy
 
 # op -> (implementation, provenance record), as ``select_kernel`` returns them
@@ -60,7 +60,7 @@ def load(
     kernels = resolve_kernels(host, card, device, options, entry.kernels if entry is not None else None)
     names = entry.interceptors if entry is not None else []
     instance = resolve_lazy(card.instance_factory)(card, folder, device, kernels=kernels)
-    cards = host.registries.cards
+    cards, interceptors = host.registries.cards, host.registries.interceptors
     return LoadedModel(
         card=card,
         instance=instance,
@@ -69,11 +69,13 @@ def load(
         plugin=cards.plugin_of(card.model_id) if card.model_id in cards else _folder_plugin(host, folder),
         kernels={op: record for op, (_, record) in kernels.items()},
         interceptors=build_interceptors(host, names),
+        interceptor_names=tuple(names),
         limits=plan.limits if plan is not None else None,
         options=OptionsPolicy(
             schemas={str(p): host.registries.options.get(p) for p in host.registries.options},
             enabled=frozenset(plan.plugins) if plan is not None else None,
             base=dict(plan.plugin_options) if plan is not None else {},
+            per_request=frozenset(interceptors.plugin_of(n) for n in interceptors),
         ),
         versions=_versions(host),
         deploy_plugins=list(plan.plugins) if plan is not None else _plugins_used(host, card, kernels),
@@ -81,10 +83,12 @@ def load(
 
 
 def _entry(plan: DeploymentCard, model: str | Path | None) -> ModelDeploy:
-    """The deploy entry served as (or running the card) ``model``; the only one when None."""
+    """The deploy entry served as ``model`` (else the first running the card ``model``); the only one
+    when None."""
     if model is None and len(plan.models) == 1:
         return plan.models[0]
-    matches = [m for m in plan.models if str(model) in (m.served_name, m.card)]
+    served = [m for m in plan.models if m.served_name == str(model)]
+    matches = served or [m for m in plan.models if m.card == str(model)]
     if not matches:
         names = [m.served_name for m in plan.models]
         raise ConfigError(f"the deployment serves no model {model!r}. Fix: use one of {names}.")
@@ -101,9 +105,9 @@ def _card_on_weights(host: PluginHost, name: str, weights: str | Path | None) ->
                     f"model {name!r} has no embedded weights. Fix: pass a weights folder (--weights DIR)."
                 )
             weights = resolve_lazy(card.default_weights)()
-        folder = Path(str(weights)).expanduser()
+        folder = Path(str(weights)).expanduser().resolve()
         return bind_card(host, card, folder), folder
-    folder = Path(name).expanduser()
+    folder = Path(name).expanduser().resolve()
     if not (folder / "model_index.json").is_file():
         raise unknown_model(name, (str(k) for k in host.registries.cards))
     pipeline = _model_index(folder).get("_class_name")
@@ -195,7 +199,7 @@ def _plugins_used(host: PluginHost, card: ModelCard, kernels: Kernels) -> list[s
     cards = host.registries.cards
     names = {cards.plugin_of(c) for c in (card.model_id, card.parent) if c is not None and c in cards}
     names |= {record["plugin"] for _, record in kernels.values()}
-    return sorted(names - {"fv-core"})
+    return sorted(names - {BUILTIN_PLUGIN})
 
 
 def _folder_plugin(host: PluginHost, folder: Path) -> str | None:

@@ -40,8 +40,9 @@ class OptionsPolicy:
     """Which plugins' options a request may set, their schemas, and the deployment's own values."""
 
     schemas: Mapping[str, type[BaseModel]] = field(default_factory=dict)  # plugin -> options schema
-    enabled: frozenset[str] | None = None  # plugins a request may configure; None: any with a schema
+    enabled: frozenset[str] | None = None  # plugins a deployment enables; None: any with a schema
     base: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # deployment's options per plugin
+    per_request: frozenset[str] = frozenset()  # plugins with interceptors (they read options per request)
 
     def merge(self, asked: Mapping[str, Mapping[str, Any]] | None) -> dict[str, BaseModel]:
         """The deployment's options overridden by the request's, validated once per plugin."""
@@ -52,6 +53,12 @@ class OptionsPolicy:
                 raise ConfigError(
                     f"plugin options name {plugin!r}, which this deployment does not enable (enabled: "
                     f"{sorted(self.enabled)}). Fix: drop the options or ask the operator to enable {plugin!r}.",
+                    param="plugin_options",
+                )
+            if plugin in asked and plugin not in self.per_request:
+                raise ConfigError(
+                    f"plugin {plugin!r} has no interceptor, so a request cannot set its options (its kernels "
+                    "take them once, at load). Fix: drop them, or set them in the deploy file.",
                     param="plugin_options",
                 )
             schema = self.schemas.get(plugin)
@@ -79,6 +86,7 @@ class LoadedModel:
     plugin: str | None = None  # plugin that registered the card
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)  # op -> selection record
     interceptors: tuple[Any, ...] = ()  # enabled interceptors, attached to every request
+    interceptor_names: tuple[str, ...] = ()  # their registered names (a deploy file's, a replay's)
     limits: Limits | None = None  # the deployment's limits (None: the card's own rules only)
     options: OptionsPolicy = field(default_factory=OptionsPolicy)  # request plugin-option policy
     versions: dict[str, str | None] = field(default_factory=dict)  # distribution -> version (provenance)
@@ -168,6 +176,11 @@ class LoadedModel:
         for name in type(params).model_fields:
             limit = field_extra(type(params), name, "limit")
             value = getattr(params, name)
+            if limit is not None and limit not in Limits.model_fields:
+                raise ConfigError(
+                    f"{type(params).__name__}.{name} names the limit {limit!r}, which deploy files do not have "
+                    f"(they have {sorted(Limits.model_fields)}). Fix: the model plugin must name one of those."
+                )
             if limit is not None and value is not None and value > getattr(self.limits, limit):
                 cap = getattr(self.limits, limit)
                 raise LimitExceeded(
@@ -235,15 +248,19 @@ class LoadedModel:
             "recipe": self.card.recipe.model_dump(),
             "task": request.task,
             "params": request.params.model_dump(mode="json"),
-            "parts": [p.kind for p in request.parts],
+            "parts": [p.kind for p in request.parts],  # kinds only: a replay cannot re-send them
             "weights": self.weights,
             "weights_hash": dict(getattr(self.instance, "weights_versions", {})),
             "kernels": result.metrics.get("kernels", self.kernels),
-            "interceptors": [getattr(i, "name", type(i).__name__) for i in self.interceptors],
-            "plugin_options": {p: o.model_dump(mode="json") for p, o in request.options.items()},
+            "interceptors": list(self.interceptor_names),
+            # the options the deployment and the request set (the rest are each plugin's own defaults)
+            "plugin_options": {
+                p: o.model_dump(mode="json", exclude_unset=True) for p, o in request.options.items()
+            },
             "deploy": {
                 "plugins": self.deploy_plugins,
                 "kernels": {op: r["variant"] for op, r in self.kernels.items()},
+                "limits": self.limits.model_dump() if self.limits is not None else None,
             },
             "metrics": result.metrics,
             "seconds": round(seconds, 4),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fv_core.deploy.card import DeploymentCard, ModelDeploy
+from fv_core.deploy.card import DeploymentCard, Limits, ModelDeploy
 from fv_core.errors import ConfigError
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
 
@@ -41,11 +41,18 @@ def replay_plan(host: PluginHost, path: str | Path) -> ReplayPlan:
             f"{str(path)!r} is not a provenance file fv wrote ({type(exc).__name__}: {exc}). "
             "Fix: pass the .json written next to an artifact."
         ) from None
+    if prov.get("parts"):
+        raise ConfigError(
+            f"{str(path)!r} records a request with input parts {prov['parts']}, which a provenance file does "
+            "not hold. Fix: run the request again with the same inputs (params are in the file)."
+        )
     options = prov.get("plugin_options") or {}
-    kernels = (prov.get("deploy") or {}).get("kernels") or {}
+    ran = prov.get("deploy") or {}
     if model not in host.registries.cards:  # a card built from a folder runs its default kernels
         return ReplayPlan(model, weights, task, params, options, None)
-    deploy = one_model_deploy(host, model, weights, kernels, prov.get("interceptors") or [], options)
+    deploy = one_model_deploy(
+        host, model, weights, ran.get("kernels"), prov.get("interceptors") or [], options, ran.get("limits")
+    )
     return ReplayPlan(model, weights, task, params, {}, deploy)
 
 
@@ -56,8 +63,10 @@ def one_model_deploy(
     kernels: Mapping[str, str] | None = None,
     interceptors: Sequence[str] = (),
     plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
+    limits: Mapping[str, Any] | None = None,
 ) -> DeploymentCard:
-    """A deployment of one card with these kernels and interceptors, enabling the plugins they need."""
+    """A deployment of one card with these kernels, interceptors and options, enabling the plugins they
+    need; ``limits`` None: no per-request caps."""
     if card not in host.registries.cards:
         raise ConfigError(
             f"kernels and interceptors are chosen for registered cards; {card!r} is not one. "
@@ -69,11 +78,7 @@ def one_model_deploy(
         *(registries.interceptors.plugin_of(n) for n in interceptors),
     }
     plugins |= set(plugin_options or {})
-    plugins |= {
-        registries.kernels.plugin_of(key)
-        for key in registries.kernels
-        if isinstance(key, tuple) and (key[0], key[3]) in set((kernels or {}).items())
-    }
+    plugins |= kernel_plugins(host, kernels or {})
     parent = host.card(card).parent
     if parent is not None:
         plugins.add(registries.cards.plugin_of(parent))
@@ -85,4 +90,44 @@ def one_model_deploy(
             )
         ],
         plugin_options={p: dict(o) for p, o in (plugin_options or {}).items()},
+        limits=Limits(**limits) if limits is not None else None,
     )
+
+
+def with_kernels(
+    host: PluginHost,
+    deploy: DeploymentCard | None,
+    model: str | None,
+    weights: str | None,
+    kernels: Mapping[str, str],
+) -> DeploymentCard:
+    """``deploy`` (or a one-model deployment without caps) whose entry for ``model`` runs ``kernels``."""
+    if deploy is None:
+        if model is None or model not in host.registries.cards:
+            raise ConfigError(
+                f"kernels are chosen for registered cards, and {model or weights!r} is not one (a card built "
+                "from a folder runs the default kernels). Fix: pass --model CARD with --weights DIR."
+            )
+        return one_model_deploy(host, model, weights, kernels)
+    deploy = deploy.model_copy(deep=True)
+    served = [m for m in deploy.models if model in (None, m.served_name)] or [
+        m for m in deploy.models if m.card == model
+    ]
+    if len(served) != 1:
+        names = [m.served_name for m in deploy.models]
+        raise ConfigError(
+            f"choose one of the deployment's models {names} for the kernels. Fix: pass --model NAME."
+        )
+    served[0].kernels.update(kernels)
+    deploy.plugins = sorted({*deploy.plugins, *kernel_plugins(host, kernels)} - {BUILTIN_PLUGIN})
+    return deploy
+
+
+def kernel_plugins(host: PluginHost, kernels: Mapping[str, str]) -> set[str]:
+    """The plugins that register the ``op -> variant`` kernels (on any device)."""
+    wanted = set(kernels.items())
+    return {
+        host.registries.kernels.plugin_of(key)
+        for key in host.registries.kernels
+        if isinstance(key, tuple) and (key[0], key[3]) in wanted
+    }

@@ -13,7 +13,8 @@ A subclass provides three pytest fixtures and inherits the tests::
 ``test_c1_matches_the_reference``: each request's output equals the reference pipeline's (e.g.
 diffusers on the same weights and seed) within the card's ``parity.tolerances["frames"]``.
 ``test_interleave_gate``: the requests interleaved step by step equal them run serially, bit for bit.
-``test_card_defaults_are_honoured``: a request that sets only ``prompt`` runs at the card's defaults.
+``test_card_defaults_are_honoured``: a request that sets only ``prompt`` runs at the card's defaults
+(``contract_affordable`` may set a few more, e.g. a small size for a card whose default size is slow).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ Reference = Callable[[dict[str, Any]], np.ndarray]
 class CardContract:
     """The tests every card passes; see the module docstring for the fixtures a subclass provides."""
 
+    contract_affordable: dict[str, Any] = {}  # params set over the defaults to keep a run cheap (e.g. size)
+
     def test_c1_matches_the_reference(
         self, contract_model: LoadedModel, contract_reference: Reference, contract_requests: list[dict]
     ) -> None:
@@ -41,11 +44,7 @@ class CardContract:
         for params in contract_requests:
             ours = contract_model.generate(**params)
             ref = contract_reference(ours.provenance["params"])  # every resolved param, defaults included
-            if isinstance(ours, ImageArtifact):
-                frames = ours.image[None]
-            else:
-                assert isinstance(ours, VideoArtifact), "the card contract compares video or image outputs"
-                frames = ours.frames
+            frames = _frames(ours)
             assert frames.shape == ref.shape, (params, frames.shape, ref.shape)
             worst = float(np.abs(frames - ref).max())
             assert worst <= tolerance, f"{params}: max |fv - reference| = {worst:.3e} > {tolerance:g}"
@@ -63,9 +62,22 @@ class CardContract:
     def test_card_defaults_are_honoured(
         self, contract_model: LoadedModel, contract_requests: list[dict]
     ) -> None:
+        """A prompt-only request resolves to the card's defaults and runs them: the same output as the
+        request with every default spelled out, and the default step count."""
         card = contract_model.card
         for task, program in card.programs.items():
-            request = contract_model.prepare({"prompt": contract_requests[0]["prompt"]}, task=task)
-            resolved = request.params.model_dump()
-            for name, value in program.defaults.items():
-                assert resolved[name] == value, (card.model_id, task, name, resolved[name], value)
+            asked = {"prompt": contract_requests[0]["prompt"], **self.contract_affordable}
+            assumed = contract_model.generate(task=task, **asked)
+            resolved = assumed.provenance["params"]
+            assert resolved == {**resolved, **program.defaults, **asked}, (card.model_id, task)
+            spelled = contract_model.generate(task=task, **resolved)
+            assert np.array_equal(_frames(assumed), _frames(spelled))
+            if "num_inference_steps" in resolved:
+                assert assumed.provenance["metrics"]["steps"] == resolved["num_inference_steps"]
+
+
+def _frames(artifact: Any) -> np.ndarray:
+    if isinstance(artifact, ImageArtifact):
+        return artifact.image[None]
+    assert isinstance(artifact, VideoArtifact), "the card contract compares video or image outputs"
+    return artifact.frames

@@ -38,7 +38,7 @@ def assemble_card(registries: Registries, model_id: str) -> ModelCard:
 
 
 def complete_card(card: ModelCard) -> ModelCard:
-    """A copy of ``card`` with the default kernels filled in, validated (its defaults included)."""
+    """A copy of ``card`` with the default kernels filled in, validated (its defaults name real params)."""
     card = card.model_copy(deep=True)
     for op, variant in DEFAULT_KERNELS.items():
         card.kernels.setdefault(op, variant)

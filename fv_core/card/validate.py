@@ -13,7 +13,7 @@ PARALLEL_AXES = {"dp", "tp", "sp", "cp", "cfgp", "pp_patch", "vae", "ep", "fsdp"
 
 
 def card_from_dict(data: dict[str, Any]) -> ModelCard:
-    """Build a card from plain data, turning schema errors into ``CardValidationError``."""
+    """Build a card from plain data; schema errors become one ConfigError naming each field and fix."""
     name = str(data.get("model_id", "<unnamed>"))
     try:
         card = ModelCard.model_validate(data)

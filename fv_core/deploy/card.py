@@ -47,7 +47,7 @@ class DeploymentCard(Strict):
 
     plugins: list[str] = Field(default_factory=list)  # enabled plugins; installed but unnamed = inactive
     models: list[ModelDeploy] = Field(min_length=1)
-    limits: Limits = Field(default_factory=Limits)
+    limits: Limits | None = Field(default_factory=Limits)  # None: no per-request caps (a replay's own plan)
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # plugin -> options
     data_dir: str = "fv-data"  # jobs database and artifacts
 

@@ -114,6 +114,7 @@ class JobStore:
             return False
         cur = self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
         self.video_path(job_id).unlink(missing_ok=True)
+        self.video_path(job_id).with_suffix(".json").unlink(missing_ok=True)  # its provenance
         return cur.rowcount == 1
 
     # -- reads ----------------------------------------------------------------------------------------

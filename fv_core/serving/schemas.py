@@ -23,6 +23,7 @@ class VideoBase(Strict):
 
     prompt: str = Field(min_length=1, max_length=10_000)
     model: str | None = Field(None, description="served model name; default: the first deployed model")
+    task: str | None = Field(None, description="the model's task (fv); default: its first that outputs video")
     seconds: float | None = Field(
         None, gt=0, le=3600, description="clip length; sets num_frames = seconds*fps+1"
     )
@@ -38,6 +39,9 @@ class ImageBase(Strict):
 
     prompt: str = Field(min_length=1, max_length=10_000)
     model: str | None = None
+    task: str | None = Field(
+        None, description="the model's task (fv); default: its first that outputs images"
+    )
     n: int = Field(1, ge=1, le=10)
     size: str | None = Field(
         None, pattern=r"^([0-9]{1,5}x[0-9]{1,5}|auto)$", description="WIDTHxHEIGHT or auto"
@@ -81,7 +85,7 @@ class Video(BaseModel):
     progress: int = Field(ge=0, le=100)
     created_at: int
     completed_at: int | None = None
-    size: str  # "WxH", or "auto" until the card's defaults are known
+    size: str  # "WxH" of the resolved request
     seconds: str
     prompt: str | None = None
     error: JobError | None = None

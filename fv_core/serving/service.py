@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from fv_core.deploy.card import DeploymentCard, ModelDeploy
+from fv_core.artifacts import VideoArtifact
+from fv_core.deploy.card import DeploymentCard, Limits, ModelDeploy
 from fv_core.errors import AdmissionInfeasible, Cancelled, ConfigError, LimitExceeded, QueueFull
 from fv_core.load import load
+from fv_core.loop.contracts import LoopResult
 from fv_core.model import LoadedModel
 from fv_core.plugins import PluginHost
 from fv_core.request import ImagePart, Request
@@ -30,8 +32,6 @@ from fv_core.runtime import AsyncEngine, Budget, Engine
 from fv_core.serving.jobs import JobStore, new_job_id
 from fv_core.serving.metrics import Metrics
 from fv_core.serving.schemas import API_FIELDS, ImageBase, Video, VideoBase
-
-IMAGE_TASK = "t2i"  # the task /v1/images/generations runs
 
 
 class ApiError(Exception):
@@ -66,7 +66,7 @@ class Service:
     ) -> None:
         self.deploy, self.host, self.store, self.metrics, self.device = deploy, host, store, metrics, device
         self.models: dict[str, ServedModel] = {}
-        limits = deploy.limits
+        limits = deploy.limits or Limits()
         budget = Budget(max_running=limits.max_running, max_waiting=limits.max_queue)
         self.engine = AsyncEngine(Engine(budget, device=device), batching=True)
         self.live: dict[str, str] = {}  # job id -> engine request id, while running
@@ -114,7 +114,7 @@ class Service:
 
     async def create_video(self, body: VideoBase) -> Video:
         served = self.model(body.model)
-        task = served.loaded.card.tasks[0]
+        task = self._task(served, body.task, "video")
         program = served.loaded.card.programs[task]
         parts = await self._reference(served, task, body.input_reference)
         raw = self._raw(body)
@@ -129,18 +129,23 @@ class Service:
         video = self.store.create(job_id, served.name, size, seconds, body.prompt)
         self.live[job_id] = rid
         self.metrics.requests.labels(served.name, "video").inc()
-        task_ = asyncio.create_task(self._run_video(job_id, rid, served.name, getattr(p, "fps", 16)))
+        task_ = asyncio.create_task(self._run_video(job_id, rid, served, request))
         self._tasks.add(task_)
         task_.add_done_callback(self._tasks.discard)
         return video
 
-    async def _run_video(self, job_id: str, rid: str, model: str, fps: int) -> None:
-        start, status = time.monotonic(), "failed"
+    async def _run_video(self, job_id: str, rid: str, served: ServedModel, request: Request) -> None:
+        """Follow the job, then save its artifact (the mp4, with sound when the task makes it, and the
+        provenance JSON beside it) the way ``fv generate`` saves it."""
+        model, start, status = served.name, time.monotonic(), "failed"
         try:
-            frames = await self._follow(rid, model, start, lambda p: self.store.progress(job_id, p))
+            result = await self._follow(rid, model, start, lambda p: self.store.progress(job_id, p))
+            artifact = served.loaded.artifact(request, result, time.monotonic() - start)
+            assert isinstance(artifact, VideoArtifact), "create_video runs tasks that output video"
             path = self.store.video_path(job_id)
-            size, seconds = await asyncio.to_thread(write_mp4, path, frames, fps)
-            if self.store.complete(job_id, size, seconds):
+            await asyncio.to_thread(save_atomically, artifact, path)
+            count, height, width = artifact.frames.shape[:3]
+            if self.store.complete(job_id, f"{width}x{height}", f"{count / artifact.fps:g}"):
                 status = "completed"
             else:  # deleted while the file was written
                 path.unlink(missing_ok=True)
@@ -167,19 +172,11 @@ class Service:
     async def generate_images(self, body: ImageBase) -> list[str]:
         """``n`` images as base64 PNGs; waits for them (like OpenAI's images API)."""
         served = self.model(body.model)
-        tasks = served.loaded.card.tasks
-        if IMAGE_TASK not in tasks:
-            raise ApiError(
-                400,
-                f"model {served.name!r} does not generate images (its tasks are {tasks}). "
-                f"Fix: use a model with the task {IMAGE_TASK!r}.",
-                "unsupported_model",
-                "model",
-            )
+        task = self._task(served, body.task, "image")
         raw = self._raw(body)
         seed = raw.pop("seed")
         requests = [
-            self._prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, IMAGE_TASK, body.plugin_options)
+            self._prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, task, body.plugin_options)
             for i in range(body.n)
         ]
         rids: list[str] = []
@@ -195,8 +192,8 @@ class Service:
     async def _image(self, rid: str, model: str) -> str:
         start, status = time.monotonic(), "failed"
         try:
-            frames = await self._follow(rid, model, start, lambda p: None)
-            png = await asyncio.to_thread(encode_png, frames[0])
+            result = await self._follow(rid, model, start, lambda p: None)
+            png = await asyncio.to_thread(encode_png, result.outputs["frames"][0].float().numpy())
             status = "completed"
             return base64.b64encode(png).decode()
         except Exception as exc:
@@ -216,6 +213,22 @@ class Service:
             pass
 
     # -- shared ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _task(served: ServedModel, asked: str | None, output: str) -> str:
+        """The task a route runs: the one asked for, else the card's first that outputs ``output``."""
+        programs = served.loaded.card.programs
+        fit = [t for t, p in programs.items() if output in p.outputs]
+        task = asked if asked is not None else (fit[0] if fit else None)
+        if task not in fit:
+            raise ApiError(
+                400,
+                f"model {served.name!r} has no task {asked!r} that outputs {output}s; its {output} tasks are "
+                f"{fit} (all tasks: {list(programs)}). Fix: ask for one of those, or another model.",
+                "unsupported_model" if not fit else "invalid_task",
+                "task" if asked is not None else "model",
+            )
+        return task
 
     @staticmethod
     async def _reference(served: ServedModel, task: str, reference: Any) -> tuple[ImagePart, ...]:
@@ -285,8 +298,8 @@ class Service:
             self.metrics.refusals.labels("invalid").inc()
             raise ApiError(400, str(exc), "invalid_request") from None
 
-    async def _follow(self, rid: str, model: str, start: float, on_progress: Any) -> np.ndarray:
-        """Stream a request's events into metrics and ``on_progress(percent)``; return its frames."""
+    async def _follow(self, rid: str, model: str, start: float, on_progress: Any) -> LoopResult:
+        """Stream a request's events into metrics and ``on_progress(percent)``; return its result."""
         self.metrics.queued.inc()
         started, last_step = False, 0
         try:
@@ -306,7 +319,7 @@ class Service:
             self.metrics.cache_stats(model, result.metrics)
         finally:
             (self.metrics.running if started else self.metrics.queued).dec()
-        return result.outputs["frames"].detach().cpu().float().numpy()
+        return result
 
 
 def parse_size(size: str | None) -> tuple[int | None, int | None]:
@@ -321,15 +334,11 @@ def _uint8(frames: np.ndarray) -> np.ndarray:
     return (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
 
 
-def write_mp4(path: Path, frames: np.ndarray, fps: int) -> tuple[str, str]:
-    """Write frames [F, H, W, 3] in 0..1 as H.264 mp4 (atomically); returns (size, seconds)."""
-    import imageio.v2 as imageio
-
-    tmp = path.with_name(f".{path.name}")
-    imageio.mimwrite(tmp, list(_uint8(frames)), fps=fps, codec="libx264", quality=8, macro_block_size=1)
+def save_atomically(artifact: VideoArtifact, path: Path) -> None:
+    """Save the artifact (and its provenance JSON) under hidden names, then move both into place."""
+    tmp = artifact.save(path.with_name(f".{path.name}"))
+    tmp.with_suffix(".json").replace(path.with_suffix(".json"))
     tmp.replace(path)
-    count, height, width = frames.shape[:3]
-    return f"{width}x{height}", f"{count / fps:g}"
 
 
 def decode_image(data: bytes) -> np.ndarray:

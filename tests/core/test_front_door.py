@@ -120,9 +120,17 @@ def test_variant_defaults_are_checked(host, defaults, match):
 
 
 def test_plugin_options_merge_the_deploys_with_the_requests_once():
-    policy = OptionsPolicy(schemas={"p": Knobs}, enabled=frozenset({"p"}), base={"p": {"level": 3}})
+    policy = OptionsPolicy(
+        schemas={"p": Knobs, "k": Knobs},
+        enabled=frozenset({"p", "k"}),
+        base={"p": {"level": 3}},
+        per_request=frozenset({"p"}),  # "k" provides kernels only: its options are bound at load
+    )
     merged = policy.merge({"p": {"name": "b"}})["p"]
     assert isinstance(merged, Knobs) and (merged.level, merged.name) == (3, "b")
+    assert merged.model_fields_set == {"level", "name"}  # what provenance records
+    with pytest.raises(ConfigError, match="plugin 'k' has no interceptor.*set them in the deploy"):
+        policy.merge({"k": {"level": 2}})
     assert policy.merge(None)["p"].level == 3
     with pytest.raises(ConfigError, match="'q', which this deployment does not enable") as info:
         policy.merge({"q": {}})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import threading
 import time
 
@@ -27,7 +28,7 @@ def wait_for(client: openai.OpenAI, video_id: str, until, timeout: float = 30.0)
     raise AssertionError(f"{video_id} never reached the state; last: {video}")
 
 
-def test_video_lifecycle(client):
+def test_video_lifecycle(server, client):
     created = client.videos.create(prompt="a cat on a boat", model=TINY, **SMALL)
     assert created.object == "video" and created.status == "queued" and created.progress == 0
     assert created.model == TINY and created.size == "32x32" and created.created_at > 0
@@ -39,6 +40,9 @@ def test_video_lifecycle(client):
 
     mp4 = client.videos.download_content(done.id).read()
     assert mp4[4:8] == b"ftyp" and len(mp4) > 1000
+    provenance = server.service.store.video_path(done.id).with_suffix(".json")  # as `fv generate` writes it
+    recorded = json.loads(provenance.read_text())
+    assert recorded["card"] == TINY and recorded["params"]["prompt"] == "a cat on a boat"
 
     other = client.videos.create_and_poll(prompt="a dog", **SMALL)  # default model: the first deployed
     assert other.status == "completed" and other.model == TINY
@@ -55,6 +59,7 @@ def test_video_lifecycle(client):
         client.videos.retrieve(done.id)
     with pytest.raises(openai.NotFoundError):
         client.videos.download_content(done.id)
+    assert not provenance.exists()
 
 
 def test_json_body_and_seconds(server, client):

@@ -59,7 +59,7 @@ def test_the_default_sampler_follows_the_folders_scheduler(wan_host, tiny_path, 
     shutil.copytree(tiny_path, folder)
     shutil.copy(euler_path / "scheduler" / "scheduler_config.json", folder / "scheduler")
     model = fv_core.load(TINY, folder, host=wan_host)
-    video = model.generate(prompt="a cat", num_inference_steps=1)
+    video = model.generate(prompt="a cat", num_inference_steps=3)
     assert (
         video.provenance["params"]["sampler"] == "euler" and video.provenance["params"]["flow_shift"] == 5.0
     )
@@ -137,3 +137,34 @@ def test_cards_json_prints_each_task_schema_with_the_cards_defaults(monkeypatch,
     assert shapes["properties"]["max_sequence_length"]["default"] == 16
     assert shapes["required"] == ["prompt", "sampler", "flow_shift"]  # the last two follow the folder
     assert cards["wan2.1-t2v-shapes"]["tasks"]["t2i"]["params"]["properties"]["num_frames"]["default"] == 1
+
+
+def test_replay_reproduces_interceptors_with_the_options_that_ran(tiny_path):
+    import fv_cache_dit.plugin
+    from fv_core import PluginHost
+    from fv_wan import plugin
+
+    host = PluginHost(env={})
+    host.add(plugin, "fv-wan")
+    host.add(fv_cache_dit.plugin, "fv-cache-dit")
+    host.collect()
+    deploy = parse_deploy(
+        {
+            "plugins": ["fv-wan", "fv-cache-dit"],
+            "models": [{"card": TINY, "weights": tiny_path, "interceptors": ["fbcache"]}],
+            "plugin_options": {"fv-cache-dit": {"residual_diff_threshold": 0.5, "max_warmup_steps": 1}},
+            "limits": {"max_guidance": 30},
+        }
+    )
+    first = fv_core.load(TINY, deploy=deploy, host=host).generate(
+        prompt="a cat", num_inference_steps=6, guidance_scale=25.0
+    )
+    prov = first.provenance
+    assert prov["interceptors"] == ["fbcache"] and prov["metrics"]["cache_dit"]["cached"] > 0
+    assert prov["plugin_options"] == {"fv-cache-dit": {"residual_diff_threshold": 0.5, "max_warmup_steps": 1}}
+    plan = replay_plan(host, _write(prov))  # guidance 25 passes: the replay keeps the deployment's limits
+    again = fv_core.load(plan.model, plan.weights, deploy=plan.deploy, host=host).generate(
+        task=plan.task, plugin_options=plan.plugin_options, **plan.params
+    )
+    assert np.array_equal(first.frames, again.frames)
+    assert again.provenance["metrics"]["cache_dit"] == prov["metrics"]["cache_dit"]

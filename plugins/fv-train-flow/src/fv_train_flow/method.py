@@ -58,7 +58,9 @@ class FlowMethod:
                 "Fix: train one first (fv train configs/shapes/vae.yaml) and point options.vae at <output_dir>/final/vae"
             )
         torch.manual_seed(cfg.seed)
-        self.vae = AutoencoderKLWan.from_pretrained(self.opts.vae).eval().requires_grad_(False)
+        self.vae = (
+            AutoencoderKLWan.from_pretrained(self.opts.vae, use_safetensors=True).eval().requires_grad_(False)
+        )
         self.tokenizer, student = build_student(self.opts)
         self.roles: dict[Role, dict[str, torch.nn.Module]] = {Role.STUDENT: student}
         if not self.opts.train_text_encoder:

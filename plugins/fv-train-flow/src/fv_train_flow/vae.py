@@ -32,7 +32,7 @@ class VaeMethod:
         if self.opts.init is None:
             self.vae = AutoencoderKLWan(**self.opts.vae)
         else:
-            self.vae = AutoencoderKLWan.from_pretrained(self.opts.init)
+            self.vae = AutoencoderKLWan.from_pretrained(self.opts.init, use_safetensors=True)
         if not self.opts.train_encoder:  # the latent space stays fixed: only the decoder learns
             self.vae.encoder.requires_grad_(False)
             self.vae.quant_conv.requires_grad_(False)
@@ -81,7 +81,9 @@ class VaeMethod:
     def load(self, folder: Path) -> None:
         from diffusers import AutoencoderKLWan
 
-        self.vae.load_state_dict(AutoencoderKLWan.from_pretrained(folder / "vae").state_dict())
+        self.vae.load_state_dict(
+            AutoencoderKLWan.from_pretrained(folder / "vae", use_safetensors=True).state_dict()
+        )
         load_optimizer(self.opt, folder / "optimizer.safetensors")
 
     @torch.no_grad()

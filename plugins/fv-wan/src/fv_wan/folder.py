@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fv_core import ModelCard, StepCostModel
+from fv_core import ModelCard, StepCostModel, WeightsError
 from fv_wan.cards import base_card
 
 # scheduler class in the folder -> the fv sampler that reproduces it
@@ -26,7 +26,12 @@ def _config(folder: Path, file: str) -> dict[str, Any]:
 def scheduler_defaults(folder: Path) -> dict[str, Any]:
     """The sampler and flow shift the folder's scheduler config describes."""
     config = _config(folder, "scheduler/scheduler_config.json")
-    sampler = SAMPLER_OF.get(config.get("_class_name", ""), "unipc")
+    if config.get("_class_name") not in SAMPLER_OF:
+        raise WeightsError(
+            f"{str(folder)!r} ships the scheduler {config.get('_class_name')!r}; fv's Wan samplers reproduce "
+            f"{sorted(SAMPLER_OF)}. Fix: use a checkpoint with one of those schedulers."
+        )
+    sampler = SAMPLER_OF[config["_class_name"]]
     shift = config.get("flow_shift") if sampler == "unipc" else config.get("shift")
     return {"sampler": sampler, "flow_shift": float(shift if shift is not None else 1.0)}
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import fv_core
 from fv_core import LoadedModel, ModelCard, UnknownKeyError
-from fv_core.card import validate_card
+from fv_core.card.assemble import complete_card
 from fv_wan.cards import CARDS
 
 
@@ -16,7 +16,7 @@ def card(card_id: str) -> ModelCard:
     cards = {factory().model_id: factory for factory in CARDS}
     if card_id not in cards:
         raise UnknownKeyError(f"unknown model {card_id!r}. Available: {sorted(cards)}")
-    return validate_card(cards[card_id]())
+    return complete_card(cards[card_id]())
 
 
 def load(model: str | Path, weights: str | Path | None = None, **kw: Any) -> LoadedModel:

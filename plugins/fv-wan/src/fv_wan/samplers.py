@@ -152,20 +152,39 @@ class UniPC:
 
 
 class FlowEuler:
-    """Flow-match Euler: ``x <- x + (sigma_next - sigma) * v`` on shifted sigmas."""
+    """Flow-match Euler: ``x <- x + (sigma_next - sigma) * v`` on shifted sigmas (``shift_terminal`` too)."""
 
     name = "euler"
+    UNSUPPORTED = (  # FlowMatchEulerDiscreteScheduler options that change the schedule and are not reproduced
+        "use_dynamic_shifting",
+        "use_karras_sigmas",
+        "use_exponential_sigmas",
+        "use_beta_sigmas",
+        "invert_sigmas",
+        "stochastic_sampling",
+    )
 
     def __init__(self, config: dict[str, Any]):
+        used = [k for k in self.UNSUPPORTED if config.get(k)]
+        if used:
+            raise ConfigError(
+                f"sampler 'euler' does not reproduce the scheduler options {used} of this checkpoint's "
+                "scheduler_config.json (Wan's pipeline does not use them). Fix: set them to false in the "
+                "scheduler config, or use a checkpoint with Wan's own scheduler config."
+            )
         self.train_steps = int(config.get("num_train_timesteps", 1000))
         self.shift = float(config.get("flow_shift", config.get("shift", 1.0)))
+        self.terminal = config.get("shift_terminal")
 
     def schedule(self, steps: int) -> Schedule:
         n = self.train_steps
         # diffusers shifts its training sigmas in float32 to find the range, then shifts the range again
         ends = _shift(torch.tensor([float(n), 1.0]) / n, self.shift)
         t = np.linspace(ends[0].item() * n, ends[1].item() * n, steps)
-        sigmas = torch.from_numpy(_shift(t / n, self.shift)).to(torch.float32)
+        sigmas = _shift(t / n, self.shift)
+        if self.terminal:  # stretch so the last sigma is shift_terminal
+            sigmas = 1 - (1 - sigmas) / ((1 - sigmas[-1]) / (1 - self.terminal))
+        sigmas = torch.from_numpy(sigmas).to(torch.float32)
         return Schedule(sigmas * n, torch.cat([sigmas, torch.zeros(1)]))
 
     def step(
