@@ -304,6 +304,18 @@ def tiny_weights(path: str | os.PathLike | None = None) -> str:
     return str(target)
 
 
+def tiny_config() -> dict[str, dict]:
+    """What the ``ltx2-tiny`` card requires of its folder: the published classes and the tiny sizes."""
+    from fv_ltx2.cards import CLASSES
+
+    sizes = {
+        "transformer": {k: TINY_TRANSFORMER[k] for k in ("num_layers", "num_attention_heads", "in_channels")},
+        "vae": {"latent_channels": VIDEO_LATENT_CHANNELS},
+        "audio_vae": {"latent_channels": AUDIO_LATENT_CHANNELS, "mel_bins": MEL_BINS},
+    }
+    return {name: {**CLASSES.get(name, {}), **sizes.get(name, {})} for name in CLASSES}
+
+
 def transformer_config(overrides: dict | None = None) -> dict:
     """The tiny transformer config with ``overrides``; cross-attention widths follow the head sizes
     unless overridden (they must equal the video and audio inner dims)."""

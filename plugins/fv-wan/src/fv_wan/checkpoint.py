@@ -6,7 +6,6 @@ before anything is read.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from fv_core import WeightsError
+from fv_core.weights import refuse_pickles
 
 EXPECTED_LAYOUT = """\
   model_index.json
@@ -23,7 +23,6 @@ EXPECTED_LAYOUT = """\
   tokenizer/     tokenizer_config.json + tokenizer.json (or spiece.model)
   scheduler/     scheduler_config.json"""
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder")
 
 # component name -> (library, class) used to load it
@@ -50,13 +49,7 @@ def check_layout(folder: str | Path, components: list[str] | None = None) -> Pat
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         _fail(folder, "weights folder does not exist")
-    pickles = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise WeightsError(
-            f"refusing pickle checkpoint files {pickles} in {str(folder)!r}: pickle can run arbitrary code. "
-            "Fix: convert them to safetensors (e.g. `save_pretrained(..., safe_serialization=True)`) "
-            f"and remove the pickle files. Expected layout:\n{EXPECTED_LAYOUT}"
-        )
+    refuse_pickles(folder)
     index = folder / "model_index.json"
     if not index.is_file():
         _fail(folder, "model_index.json is missing")
@@ -90,23 +83,6 @@ def _check_component(folder: Path, name: str) -> None:
         missing = sorted(s for s in shards if not (sub / s).is_file())
         if missing:
             _fail(folder, f"{name}/{index.name} names missing shards {missing}")
-
-
-def weights_fingerprint(folder: str | Path, name: str) -> str:
-    """A short content fingerprint of one component's safetensors files.
-
-    Hashes each file's name, size, safetensors header (names, dtypes, shapes,
-    offsets) and first MiB of tensor data: cheap even for 14B, and changes
-    whenever the weights are re-saved with different values in practice.
-    """
-    h = hashlib.sha256()
-    for path in sorted((Path(folder) / name).glob("*.safetensors")):
-        with path.open("rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            h.update(f"{path.name}:{path.stat().st_size}".encode())
-            h.update(f.read(header_len))
-            h.update(f.read(1 << 20))
-    return h.hexdigest()[:16]
 
 
 def load_component(folder: str | Path, name: str, dtype: torch.dtype = torch.float32) -> Any:

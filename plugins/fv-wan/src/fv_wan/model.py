@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from fv_core import ConfigError, FeatureCache, ModelCard
+from fv_core.weights import weights_fingerprint
 from fv_wan.attention import describe, grid_of, install
-from fv_wan.checkpoint import check_layout, load_component, load_scheduler_config, weights_fingerprint
+from fv_wan.checkpoint import check_layout, load_component, load_scheduler_config
 
 _IDS = itertools.count()
 

@@ -1,0 +1,216 @@
+"""LTX-2 cards: the base (dev) and distilled checkpoints in the published diffusers layout, and the
+tiny random-weight one written in that layout for tests and demos."""
+
+from __future__ import annotations
+
+from fv_core import (
+    CacheContract,
+    CapabilityMatrix,
+    ComponentSpec,
+    LoopKind,
+    LoopSpec,
+    ModelCard,
+    ParitySpec,
+    PrecisionContract,
+    ProgramSpec,
+    RecipeSpec,
+    StepCostModel,
+    StepsContract,
+    WorkUnitKind,
+)
+
+TASKS = {"t2av"}
+# The sigmas LTX-2's distilled weights were made for (8 steps; diffusers' DISTILLED_SIGMA_VALUES).
+DISTILLED_SIGMAS = [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875]
+
+# diffusers' LTX2Pipeline.__call__ defaults.
+BASE_DEFAULTS = dict(
+    negative_prompt="",
+    num_frames=121,
+    height=512,
+    width=768,
+    fps=24.0,
+    num_inference_steps=30,
+    sigmas=None,
+    guidance_scale=3.0,
+    stg_scale=1.0,
+    modality_scale=3.0,
+    guidance_rescale=0.7,
+    audio_guidance_scale=7.0,
+    audio_stg_scale=1.0,
+    audio_modality_scale=3.0,
+    audio_guidance_rescale=0.7,
+    spatio_temporal_guidance_blocks=[28],
+    use_cross_timestep=True,
+    decode_timestep=0.0,
+    max_sequence_length=1024,
+)
+
+# subfolder -> (kind, class): the components of an LTX2Pipeline folder, and its latent upsampler.
+LAYOUT = {
+    "tokenizer": ("tokenizer", "transformers:AutoTokenizer"),
+    "text_encoder": ("text_encoder", "transformers:Gemma3ForConditionalGeneration"),
+    "connectors": ("connector", "diffusers.pipelines.ltx2.connectors:LTX2TextConnectors"),
+    "transformer": ("dit", "diffusers:LTX2VideoTransformer3DModel"),
+    "vae": ("vae", "diffusers:AutoencoderKLLTX2Video"),
+    "audio_vae": ("vae", "diffusers:AutoencoderKLLTX2Audio"),
+    "vocoder": ("vocoder", "diffusers.pipelines.ltx2.vocoder:LTX2Vocoder"),
+    "scheduler": ("scheduler", "diffusers:FlowMatchEulerDiscreteScheduler"),
+    "latent_upsampler": ("upsampler", "diffusers.pipelines.ltx2.latent_upsampler:LTX2LatentUpsamplerModel"),
+}
+# what a named card requires of its folder: the published classes (sizes only for the tiny card)
+CLASSES = {
+    name: {"_class_name": load_id.rpartition(":")[2]}
+    for name, (kind, load_id) in LAYOUT.items()
+    if kind not in ("tokenizer", "text_encoder")
+}
+
+
+def components(config: dict[str, dict] | None = None) -> dict[str, ComponentSpec]:
+    """The LTX-2 components; ``config``: what each component's config must hold (default: its class)."""
+    config = config if config is not None else CLASSES
+    generate = TASKS
+    return {
+        name: ComponentSpec(
+            kind=kind,
+            load_id=load_id,
+            subfolder=name,
+            required_for=set() if name == "latent_upsampler" else generate,
+            optional_for=generate if name == "latent_upsampler" else set(),
+            config=config.get(name, {}),
+        )
+        for name, (kind, load_id) in LAYOUT.items()
+    }
+
+
+def ltx2_card(
+    model_id: str,
+    description: str,
+    recipe: RecipeSpec,
+    cost: StepCostModel,
+    *,
+    defaults: dict,
+    config: dict[str, dict] | None = None,
+    max_frames: int | None = 257,
+    max_resolution: tuple[int, int] | None = (1088, 1920),
+    default_weights: str | None = None,
+) -> ModelCard:
+    loop = LoopSpec(
+        kind=LoopKind.DIFFUSION_DENOISE,
+        work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
+        loop_factory="fv_ltx2.loop:LTX2Loop",
+        components=[n for n in LAYOUT if n != "latent_upsampler"],
+        cache_policy=["text_embeddings"],
+        step_cost=cost,
+        steps=StepsContract(min_steps=1, max_steps=200),
+        samplers=["euler"],
+        params="fv_ltx2.params:LTX2Params",
+    )
+    program = ProgramSpec(
+        stages=["t2av"],
+        defaults={**BASE_DEFAULTS, **defaults},
+        outputs=["video", "audio"],
+        description="text to video with its soundtrack",
+    )
+    return ModelCard(
+        model_id=model_id,
+        family="ltx2",
+        description=description,
+        components=components(config),
+        loops={"t2av": loop},
+        programs={"t2av": program},
+        recipe=recipe,
+        parity=ParitySpec(
+            level="C1", reference="diffusers:LTX2Pipeline", tolerances={"frames": 1e-5, "audio": 1e-5}
+        ),
+        capabilities=CapabilityMatrix(
+            interceptors={"step_skip"}, max_frames=max_frames, max_resolution=max_resolution
+        ),
+        caches={
+            "text_embeddings": CacheContract(
+                kind="feature",
+                component="connectors",
+                key_fields=[
+                    "model",
+                    "component",
+                    "weights_version",
+                    "content_hash",
+                    "max_length",
+                    "precision",
+                ],
+                capacity=64,
+            )
+        },
+        precision=PrecisionContract(supported=["float32", "bfloat16"], default="float32"),
+        pipeline="LTX2Pipeline",
+        default_weights=default_weights,
+        instance_factory="fv_ltx2.model:LTX2Model",
+    )
+
+
+BASE_RECIPE = RecipeSpec(
+    method="base", assumes_loop="t2av", description="LTX-2 joint audio+video flow matching"
+)
+
+
+def ltx2_tiny() -> ModelCard:
+    from fv_ltx2.tiny import tiny_config
+
+    return ltx2_card(
+        "ltx2-tiny",
+        "LTX-2 architecture at tiny size with RANDOM weights (fixed seed): its video and audio are noise, "
+        "for tests, demos and benchmarks. Written on first use into the fv cache in the published layout.",
+        BASE_RECIPE,
+        StepCostModel(base_s=0.01, per_token_s=1e-5),
+        defaults=dict(
+            num_frames=9,
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            spatio_temporal_guidance_blocks=[1],
+            max_sequence_length=128,
+        ),  # fmt: skip
+        config=tiny_config(),
+        max_frames=121,
+        max_resolution=(512, 512),
+        default_weights="fv_ltx2.tiny:tiny_weights",
+    )
+
+
+def ltx2_dev() -> ModelCard:
+    return ltx2_card(
+        "ltx-2",
+        "LTX-2 joint audio+video, base (dev) weights (Lightricks/LTX-2 diffusers layout; pass --weights).",
+        BASE_RECIPE,
+        StepCostModel(base_s=0.05, per_token_s=4e-5, peak_bytes_per_token=150_000),
+        defaults={},
+    )
+
+
+def ltx2_distilled() -> ModelCard:
+    recipe = RecipeSpec(
+        method="distillation",
+        parents=["ltx-2"],
+        assumes_loop="t2av",
+        description=f"LTX-2 distilled for 8 steps at sigmas {DISTILLED_SIGMAS}, guidance off",
+    )
+    return ltx2_card(
+        "ltx-2-distilled",
+        "LTX-2 distilled weights (8 steps at fixed sigmas, no guidance; Lightricks/LTX-2 diffusers layout "
+        "with the distilled transformer; pass --weights).",
+        recipe,
+        StepCostModel(base_s=0.05, per_token_s=4e-5, peak_bytes_per_token=150_000),
+        defaults=dict(
+            num_inference_steps=8,
+            sigmas=DISTILLED_SIGMAS,
+            guidance_scale=1.0,
+            stg_scale=0.0,
+            modality_scale=1.0,
+            audio_guidance_scale=1.0,
+            audio_stg_scale=0.0,
+            audio_modality_scale=1.0,
+        ),  # fmt: skip
+    )
+
+
+CARDS = (ltx2_tiny, ltx2_dev, ltx2_distilled)

@@ -1,0 +1,384 @@
+"""The LTX-2 loop: encode -> (guidance branches -> combine + Euler)* -> decode video -> decode audio.
+
+One transformer call returns the video and the audio velocity. Guidance is a policy of up to three
+branches per step, each its own WorkUnit the scheduler may batch with the same branch of other
+requests: ``cfg`` (rows [uncond, cond]; ``cond`` alone when CFG is off), ``stg`` (the cond row with
+self-attention perturbed in the configured blocks) and ``modality`` (the cond row without
+audio<->video cross-attention). Branches whose scales make them a no-op are not run. The branch
+outputs are combined in x0 space with per-modality scales and rescale, as diffusers' LTX2Pipeline
+combines them, then both latents take one flow-match Euler step on the schedule LTX-2's scheduler
+config gives (dynamic shift from the video token count; float sigmas when the request gives them).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from fv_core import (
+    BatchKey,
+    CacheKey,
+    ConfigError,
+    Done,
+    LoopResult,
+    LoopState,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+)
+from fv_ltx2.model import LTX2Model
+from fv_ltx2.params import LTX2Params
+
+# ---- step bodies: pure functions of their inputs over shared weights ----
+
+
+def encode_body(text_encoder, connectors, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Gemma's stacked hidden states of every layer, through the connectors (rows independent)."""
+    mask = inputs["mask"]
+    out = text_encoder(input_ids=inputs["input_ids"], attention_mask=mask, output_hidden_states=True)
+    hidden = torch.stack(out.hidden_states, dim=-1).flatten(2, 3).to(text_encoder.dtype)
+    video, audio, text_mask = connectors(hidden, mask, padding_side="left")
+    return {"video_text": video, "audio_text": audio, "text_mask": text_mask}
+
+
+def denoise_body(transformer, statics: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """One transformer call: the video and audio velocities of every row."""
+    video, audio = transformer(
+        hidden_states=inputs["latents"],
+        audio_hidden_states=inputs["audio_latents"],
+        encoder_hidden_states=inputs["video_text"],
+        audio_encoder_hidden_states=inputs["audio_text"],
+        timestep=inputs["timestep"],
+        sigma=inputs["timestep"],
+        encoder_attention_mask=inputs["text_mask"],
+        audio_encoder_attention_mask=inputs["text_mask"],
+        video_coords=inputs["video_coords"],
+        audio_coords=inputs["audio_coords"],
+        return_dict=False,
+        **statics,
+    )
+    return {"video": video.float(), "audio": audio.float()}
+
+
+def decode_video_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Denormalize latents [B, C, F, H, W], VAE decode, frames [B, F, H, W, 3] in 0..1."""
+    z = inputs["latents"].to(vae.dtype)
+    shape = (1, -1, 1, 1, 1)
+    z = z * vae.latents_std.view(shape).to(z) / vae.config.scaling_factor + vae.latents_mean.view(shape).to(z)
+    video = vae.decode(z, inputs.get("timestep"), return_dict=False)[0]
+    return {"frames": (video * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).float()}
+
+
+def decode_audio_body(audio_vae, vocoder, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Denormalize packed audio latents, unpack to [B, C, L, mel], audio VAE -> mel -> vocoder waveform."""
+    z = inputs["audio_latents"]
+    z = z * audio_vae.latents_std.to(z) + audio_vae.latents_mean.to(z)
+    z = z.unflatten(2, (-1, inputs["latent_mel_bins"])).transpose(1, 2).to(audio_vae.dtype)
+    mel = audio_vae.decode(z, return_dict=False)[0]
+    return {"audio": vocoder(mel).float()}
+
+
+def rescale(guided: torch.Tensor, cond: torch.Tensor, factor: float) -> torch.Tensor:
+    """Guidance rescale: match the guided prediction's std to the conditional one's, mixed by ``factor``."""
+    dims = list(range(1, cond.ndim))
+    rescaled = guided * (cond.std(dim=dims, keepdim=True) / guided.std(dim=dims, keepdim=True))
+    return factor * rescaled + (1 - factor) * guided
+
+
+def pack(latents: torch.Tensor, patch: int, patch_t: int) -> torch.Tensor:
+    """[B, C, F, H, W] -> tokens [B, F/pt * H/p * W/p, C * pt * p * p]."""
+    b, _, f, h, w = latents.shape
+    x = latents.reshape(b, -1, f // patch_t, patch_t, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 6, 1, 3, 5, 7).flatten(4, 7).flatten(1, 3)
+
+
+def unpack(tokens: torch.Tensor, f: int, h: int, w: int, patch: int, patch_t: int) -> torch.Tensor:
+    """The inverse of :func:`pack`."""
+    x = tokens.reshape(tokens.size(0), f, h, w, -1, patch_t, patch, patch)
+    return x.permute(0, 4, 1, 5, 2, 6, 3, 7).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+
+def schedule(config: dict[str, Any], video_tokens: int, steps: int, sigmas: list[float] | None):
+    """(timesteps, sigmas + the final 0) of LTX-2's scheduler for this many video tokens."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)  # computes the schedule; not stepped
+    base, top = config.get("base_image_seq_len", 1024), config.get("max_image_seq_len", 4096)
+    slope = (config.get("max_shift", 2.05) - config.get("base_shift", 0.95)) / (top - base)
+    mu = video_tokens * slope + config.get("base_shift", 0.95) - slope * base
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps) if sigmas is None else sigmas, mu=mu)
+    return scheduler.timesteps, scheduler.sigmas
+
+
+class LTX2Loop:
+    """The loop of LTX-2 cards (task ``t2av``), bound to one live LTX2Model; all request state is in
+    LoopState."""
+
+    def __init__(self, instance: LTX2Model) -> None:
+        self.instance = instance
+
+    # ---- init: tokens, noise, schedule, positions ----
+
+    def init(self, request, instance=None, ctx=None) -> LoopState:
+        inst, p = self.instance, request.params
+        if not isinstance(p, LTX2Params):
+            raise ConfigError(
+                f"request {request.request_id!r} carries {type(p).__name__} params, not LTX2Params. "
+                "Fix: build requests with LoadedModel.prepare (fv_core.load(...).prepare(...))."
+            )
+        gen = torch.Generator(device="cpu").manual_seed(p.seed)
+        loop_id = inst.card.programs[request.task].stages[0]
+        state = LoopState(request.request_id, loop_id, total_steps=p.num_inference_steps, generator=gen)
+        vae, audio_vae, transformer = (inst.component(n) for n in ("vae", "audio_vae", "transformer"))
+        grid = (
+            (p.num_frames - 1) // vae.temporal_compression_ratio + 1,
+            p.height // vae.spatial_compression_ratio,
+            p.width // vae.spatial_compression_ratio,
+        )
+        per_second = (
+            audio_vae.config.sample_rate
+            / audio_vae.config.mel_hop_length
+            / audio_vae.temporal_compression_ratio
+        )
+        audio_frames = round(p.num_frames / p.fps * per_second)
+        mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
+        scales = p.audio_scales
+        branches = (["cfg"] if p.cfg_on else ["cond"]) + ["stg"] * p.stg_on + ["modality"] * p.modality_on
+        state.values.update(
+            phase="encode", branch=0, branches=branches, grid=list(grid), audio_frames=audio_frames, mel=mel,
+            scales={"video": [p.guidance_scale, p.stg_scale, p.modality_scale, p.guidance_rescale],
+                    "audio": list(scales)},
+            statics=dict(
+                num_frames=grid[0], height=grid[1], width=grid[2], fps=p.fps, audio_num_frames=audio_frames,
+                use_cross_timestep=p.use_cross_timestep,
+            ),
+            stg_blocks=list(p.spatio_temporal_guidance_blocks), cache_hits=0,
+        )  # fmt: skip
+        self._tokenize(inst, state, p)
+        patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
+        noise = torch.randn((1, vae.config.latent_channels, *grid), generator=gen, dtype=torch.float32)
+        audio = torch.randn((1, audio_vae.config.latent_channels, audio_frames, mel), generator=gen)
+        state.tensors.update(
+            latents=pack(noise, patch, patch_t), audio_latents=audio.transpose(1, 2).flatten(2, 3)
+        )
+        if vae.config.timestep_conditioning:  # drawn here: the generator's next draw in diffusers too
+            state.tensors["decode_noise"] = torch.randn((1, vae.config.latent_channels, *grid), generator=gen)
+        steps, sigmas = schedule(
+            inst.scheduler_config, state.tensors["latents"].shape[1], p.num_inference_steps, p.sigmas
+        )
+        state.tensors.update(timesteps=steps, sigmas=sigmas)
+        device = inst.device
+        state.tensors["video_coords"] = transformer.rope.prepare_video_coords(1, *grid, device, fps=p.fps)
+        state.tensors["audio_coords"] = transformer.audio_rope.prepare_audio_coords(1, audio_frames, device)
+        state.values["decode_timestep"] = p.decode_timestep
+        return state
+
+    def _tokenize(self, inst: LTX2Model, state: LoopState, p: LTX2Params) -> None:
+        """Token ids of [negative, prompt] (CFG) or [prompt], left-padded; cached rows skip the encoder."""
+        prompts = ([p.negative_prompt] if "cfg" in state.values["branches"] else []) + [p.prompt]
+        tok = inst.component("tokenizer")
+        enc = tok(
+            [t.strip() for t in prompts],
+            padding="max_length",
+            max_length=p.max_sequence_length,
+            truncation=True,
+            add_special_tokens=True,
+            return_tensors="pt",
+            padding_side="left",
+        )
+        state.tensors.update(input_ids=enc.input_ids, mask=enc.attention_mask)
+        cached = [inst.feature_cache.get(k) for k in self._keys(state)]
+        state.values["cache_hits"] = sum(c is not None for c in cached)
+        if all(c is not None for c in cached):
+            self._set_text(state, *(torch.stack(list(t)) for t in zip(*cached, strict=True)))
+
+    # ---- the driven loop ----
+
+    def next(self, state: LoopState) -> WorkPlan | Done:
+        inst, phase = self.instance, state.values["phase"]
+        precision = str(inst.dtype).removeprefix("torch.")
+        if phase == "encode":
+            ids = state.tensors["input_ids"]
+            return WorkPlan(
+                kind=WorkUnitKind.ENCODER_CHUNK,
+                body=partial(encode_body, inst.component("text_encoder"), inst.component("connectors")),
+                inputs={"input_ids": ids, "mask": state.tensors["mask"]},
+                batch_key=BatchKey(f"{inst.instance_id}/text", "encode", (ids.shape[1],), precision),
+                batch_size=ids.shape[0],
+                label="encode prompt",
+            )
+        if phase == "denoise":
+            return self._branch_plan(state, precision)
+        if phase == "decode_video":
+            return self._decode_video_plan(state, precision)
+        if phase == "decode_audio":
+            audio = state.tensors["audio_latents"]
+            return WorkPlan(
+                kind=WorkUnitKind.AUDIO_CHUNK,
+                body=partial(decode_audio_body, inst.component("audio_vae"), inst.component("vocoder")),
+                inputs={"audio_latents": audio, "latent_mel_bins": state.values["mel"]},
+                batch_key=BatchKey(
+                    f"{inst.instance_id}/audio_vae", "audio_decode", tuple(audio.shape[1:]), precision
+                ),
+                label="audio decode",
+            )
+        return Done()
+
+    def advance(self, state: LoopState, result: StepResult) -> LoopState:
+        out, v = result.outputs, state.values
+        if v["phase"] == "encode":
+            for row, key in enumerate(self._keys(state)):
+                self.instance.feature_cache.put(
+                    key, (out["video_text"][row], out["audio_text"][row], out["text_mask"][row])
+                )
+            self._set_text(state, out["video_text"], out["audio_text"], out["text_mask"])
+        elif v["phase"] == "denoise":
+            branch = v["branches"][v["branch"]]
+            state.tensors[f"{branch}.video"], state.tensors[f"{branch}.audio"] = out["video"], out["audio"]
+            v["branch"] += 1
+            if v["branch"] == len(v["branches"]):
+                self._combine_and_step(state)
+        elif v["phase"] == "decode_video":
+            state.tensors["frames"] = out["frames"][0]
+            v["phase"] = "decode_audio"
+        elif v["phase"] == "decode_audio":
+            state.tensors["audio"] = out["audio"][0]
+            v["phase"] = "done"
+        return state
+
+    def finalize(self, state: LoopState) -> LoopResult:
+        v = state.values
+        vocoder = self.instance.component("vocoder")
+        outputs = {
+            "frames": state.tensors["frames"],
+            "audio": state.tensors["audio"],
+            "sample_rate": int(vocoder.config.output_sampling_rate),
+            "fps": v["statics"]["fps"],
+        }
+        metrics = {
+            "steps": state.step,
+            "text_cache_hits": v["cache_hits"],
+            "branches": v["branches"],
+            "kernels": {"attention": "sdpa"},
+        }
+        return LoopResult(outputs, metrics)
+
+    def estimate(self, state: LoopState) -> tuple[float, int]:
+        """Predicted seconds left (the branch calls of the remaining steps) and peak bytes."""
+        left = (state.total_steps or 0) - state.step
+        return left * len(state.values["branches"]) * self._cost(state), 0
+
+    # ---- helpers ----
+
+    def _set_text(
+        self, state: LoopState, video: torch.Tensor, audio: torch.Tensor, mask: torch.Tensor
+    ) -> None:
+        state.tensors.update(video_text=video, audio_text=audio, text_mask=mask)
+        state.values["phase"] = "denoise"
+
+    def _keys(self, state: LoopState) -> list[CacheKey]:
+        inst, ids, mask = self.instance, state.tensors["input_ids"], state.tensors["mask"]
+        return [
+            CacheKey.of(
+                inst.card.model_id,
+                "connectors",
+                inst.weights_versions["connectors"] + inst.weights_versions["text_encoder"],
+                ids[i],
+                mask[i],
+                max_length=int(ids.shape[-1]),
+                precision=str(inst.dtype),
+            )
+            for i in range(ids.shape[0])
+        ]
+
+    def _branch_plan(self, state: LoopState, precision: str) -> WorkPlan:
+        """The transformer call of the step's next branch."""
+        inst, v, t = self.instance, state.values, state.tensors
+        branch = v["branches"][v["branch"]]
+        rows = 2 if branch == "cfg" else 1
+        text = slice(None) if branch == "cfg" else slice(-1, None)  # cfg: [uncond, cond]; else the cond row
+        inputs = {
+            "latents": t["latents"].repeat(rows, 1, 1).to(inst.dtype),
+            "audio_latents": t["audio_latents"].repeat(rows, 1, 1).to(inst.dtype),
+            "video_text": t["video_text"][text],
+            "audio_text": t["audio_text"][text],
+            "text_mask": t["text_mask"][text],
+            "timestep": t["timesteps"][state.step].expand(rows),
+            "video_coords": t["video_coords"].repeat((rows,) + (1,) * (t["video_coords"].ndim - 1)),
+            "audio_coords": t["audio_coords"].repeat((rows,) + (1,) * (t["audio_coords"].ndim - 1)),
+        }
+        statics = {
+            **v["statics"],
+            "isolate_modalities": branch == "modality",
+            "spatio_temporal_guidance_blocks": v["stg_blocks"] if branch == "stg" else None,
+        }
+        shapes = tuple(tuple(x.shape[1:]) for x in inputs.values())
+        graph = f"{branch}:{sorted(statics.items(), key=str)}"
+        return WorkPlan(
+            kind=WorkUnitKind.DIFFUSION_STEP,
+            body=partial(denoise_body, inst.component("transformer"), statics),
+            inputs=inputs,
+            batch_key=BatchKey(
+                f"{inst.instance_id}/transformer", "diffusion_denoise", shapes, precision, graph_key=graph
+            ),
+            batch_size=rows,
+            cost_s=self._cost(state) * rows,
+            label=f"denoise {state.step + 1}/{state.total_steps} ({branch})",
+        )
+
+    def _combine_and_step(self, state: LoopState) -> None:
+        """Combine the branches in x0 space per modality, then one Euler step of both latents."""
+        t, v, i = state.tensors, state.values, state.step
+        sigma, sigma_next = t["sigmas"][i], t["sigmas"][i + 1]
+        for modality, key in (("video", "latents"), ("audio", "audio_latents")):
+            sample = t[key]
+            gs, stg, mod, factor = v["scales"][modality]
+            if "cfg" in v["branches"]:
+                uncond, cond = t[f"cfg.{modality}"].chunk(2)
+                x0 = sample - cond * sigma
+                guided = x0 + (gs - 1) * (x0 - (sample - uncond * sigma))
+            else:
+                x0 = guided = sample - t[f"cond.{modality}"] * sigma
+            if "stg" in v["branches"]:
+                guided = guided + stg * (x0 - (sample - t[f"stg.{modality}"] * sigma))
+            if "modality" in v["branches"]:
+                guided = guided + (mod - 1) * (x0 - (sample - t[f"modality.{modality}"] * sigma))
+            if factor > 0:
+                guided = rescale(guided, x0, factor)
+            velocity = (sample - guided) / sigma
+            t[key] = (sample.to(torch.float32) + (sigma_next - sigma) * velocity).to(velocity.dtype)
+        for branch in v["branches"]:
+            del t[f"{branch}.video"], t[f"{branch}.audio"]
+        state.step += 1
+        v["branch"] = 0
+        if state.step == state.total_steps:
+            v["phase"] = "decode_video"
+
+    def _decode_video_plan(self, state: LoopState, precision: str) -> WorkPlan:
+        inst, t = self.instance, state.tensors
+        vae, transformer = inst.component("vae"), inst.component("transformer")
+        latents = unpack(
+            t["latents"],
+            *state.values["grid"],
+            transformer.config.patch_size,
+            transformer.config.patch_size_t,
+        )
+        inputs: dict[str, Any] = {"latents": latents}
+        if "decode_noise" in t:  # VAEs with timestep conditioning decode slightly re-noised latents
+            scale = state.values["decode_timestep"]
+            inputs["latents"] = (1 - scale) * latents + scale * t["decode_noise"]
+            inputs["timestep"] = torch.tensor([scale], dtype=latents.dtype)
+        return WorkPlan(
+            kind=WorkUnitKind.VAE_TILE,
+            body=partial(decode_video_body, vae),
+            inputs=inputs,
+            batch_key=BatchKey(f"{inst.instance_id}/vae", "vae_decode", tuple(latents.shape[1:]), precision),
+            label="video decode",
+        )
+
+    def _cost(self, state: LoopState) -> float:
+        cost = self.instance.card.loops[state.loop_id].step_cost
+        return cost.base_s + cost.per_token_s * state.tensors["latents"].shape[1]

@@ -1,0 +1,72 @@
+"""A live LTX-2 instance: a card bound to a checkpoint folder.
+
+Components load lazily (diffusers' and transformers' own classes, safetensors only) and are shared
+by every request; the instance also holds the text feature cache (Gemma + connectors outputs per
+prompt), each component's weights version and the scheduler config.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fv_core import ConfigError, FeatureCache, ModelCard
+from fv_core.weights import load_component, refuse_pickles, weights_fingerprint
+
+_IDS = itertools.count()
+WEIGHTED = ("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder")
+
+
+class LTX2Model:
+    """Resident components of one LTX-2 card on one checkpoint (the ``instance`` its loop runs on)."""
+
+    def __init__(
+        self,
+        card: ModelCard,
+        weights: str | Path,
+        device: str | torch.device = "cpu",
+        kernels: dict[str, tuple[Any, dict[str, Any]]] | None = None,
+    ):
+        variant = (kernels or {}).get("attention", (None, {"variant": "sdpa"}))[1]["variant"]
+        if variant != "sdpa":
+            raise ConfigError(
+                f"LTX-2 runs diffusers' own attention; the attention kernel {variant!r} is not wired into its "
+                "transformer. Fix: select attention 'sdpa' for LTX-2 models."
+            )
+        self.card = card
+        self.weights = Path(weights)
+        refuse_pickles(self.weights)
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, card.precision.default)
+        self.scheduler_config = json.loads((self.weights / "scheduler" / "scheduler_config.json").read_text())
+        self.feature_cache = FeatureCache(
+            card.caches["text_embeddings"].capacity
+        )  # prompt -> connector outputs
+        self.weights_versions = {name: weights_fingerprint(self.weights, name) for name in WEIGHTED}
+        self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
+        self._components: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def component(self, name: str) -> Any:
+        """The live component ``name``, loaded on first use."""
+        with self._lock:
+            if name not in self._components:
+                module = load_component(self.weights, name, self.card.components[name], self.dtype)
+                self._components[name] = (
+                    module.to(self.device) if isinstance(module, torch.nn.Module) else module
+                )
+            return self._components[name]
+
+    def loaded(self) -> list[str]:
+        """Names of the resident components."""
+        return sorted(self._components)
+
+    def resident_bytes(self) -> int:
+        """Bytes of the resident components' parameters and buffers (read by admission)."""
+        modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
+        return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))

@@ -1,0 +1,122 @@
+"""The request parameters of LTX-2's joint audio+video loop, declared once.
+
+Names follow diffusers' ``LTX2Pipeline.__call__`` (fv's ``fps`` is its ``frame_rate``); every card
+sets the defaults. The audio scales fall back to the video ones when unset or zero, as diffusers'
+``audio_guidance_scale or guidance_scale`` does.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fv_core import ConfigError, ModelCard, Params
+
+TIME_COMPRESSION, SPACE_COMPRESSION = 8, 32  # LTX-2's video VAE: 8k+1 frames, sizes in multiples of 32
+REGISTERS = 128  # the text connectors' learnable registers: text lengths are multiples of this
+
+
+def _limit(name: str, *cli: str) -> dict:
+    return {"limit": name, "cli": list(cli)}
+
+
+class LTX2Params(Params):
+    """One LTX-2 generation (video and its soundtrack); the card supplies every default but ``prompt``."""
+
+    prompt: str = Field(min_length=1, max_length=10_000, description="what the video shows and sounds like")
+    negative_prompt: str = Field(max_length=10_000, description="what to steer away from (CFG only)")
+    num_frames: int = Field(
+        ge=1, description="frames, 8k+1", json_schema_extra=_limit("max_frames", "--frames")
+    )
+    height: int = Field(ge=32, description="pixels, a multiple of 32", json_schema_extra=_limit("max_height"))
+    width: int = Field(ge=32, description="pixels, a multiple of 32", json_schema_extra=_limit("max_width"))
+    fps: float = Field(gt=0, le=240, description="frame rate of the video (and the audio's length)")
+    num_inference_steps: int = Field(
+        ge=1, description="denoising steps", json_schema_extra=_limit("max_steps", "--steps")
+    )
+    sigmas: list[float] | None = Field(description="float sigmas, one per step (distilled / refine stages)")
+    guidance_scale: float = Field(
+        ge=0,
+        le=30,
+        description="video CFG scale; 1 turns it off",
+        json_schema_extra=_limit("max_guidance", "--guidance"),
+    )
+    stg_scale: float = Field(ge=0, le=30, description="video spatio-temporal guidance scale; 0 turns it off")
+    modality_scale: float = Field(ge=0, le=30, description="video modality-isolation scale; 1 turns it off")
+    guidance_rescale: float = Field(ge=0, le=1, description="video guidance rescale")
+    audio_guidance_scale: float | None = Field(
+        ge=0, le=30, description="audio CFG scale (unset: the video's)"
+    )
+    audio_stg_scale: float | None = Field(ge=0, le=30, description="audio STG scale (unset: the video's)")
+    audio_modality_scale: float | None = Field(
+        ge=0, le=30, description="audio modality scale (unset: the video's)"
+    )
+    audio_guidance_rescale: float | None = Field(
+        ge=0, le=1, description="audio guidance rescale (unset: the video's)"
+    )
+    spatio_temporal_guidance_blocks: list[int] = Field(description="transformer blocks STG perturbs")
+    use_cross_timestep: bool = Field(
+        description="cross-modal attention modulated by the other modality's sigma"
+    )
+    decode_timestep: float = Field(
+        ge=0, le=1, description="VAE decode timestep (VAEs with timestep conditioning)"
+    )
+    max_sequence_length: int = Field(ge=REGISTERS, le=4096, description="prompt tokens (a multiple of 128)")
+
+    def check(self, card: ModelCard, loop_id: str) -> None:
+        rules = [
+            ("num_frames", (self.num_frames - 1) % TIME_COMPRESSION, "must be 8k+1 (1, 9, ..., 121): the VAE packs 8 frames a latent",
+             max(1, (self.num_frames - 1) // TIME_COMPRESSION * TIME_COMPRESSION + 1)),
+            ("height", self.height % SPACE_COMPRESSION, "must be a multiple of 32 (the VAE's compression)", self.height // 32 * 32),
+            ("width", self.width % SPACE_COMPRESSION, "must be a multiple of 32 (the VAE's compression)", self.width // 32 * 32),
+            ("max_sequence_length", self.max_sequence_length % REGISTERS, "must be a multiple of 128 (the text "
+             "connectors' registers)", self.max_sequence_length // REGISTERS * REGISTERS),
+        ]  # fmt: skip
+        for name, broken, rule, fix in rules:
+            if broken:
+                raise ConfigError(f"{name}={getattr(self, name)} {rule}. Fix: use {fix}", param=name)
+        if self.sigmas is not None and len(self.sigmas) != self.num_inference_steps:
+            raise ConfigError(
+                f"sigmas has {len(self.sigmas)} values for num_inference_steps={self.num_inference_steps}. "
+                f"Fix: give one sigma per step, or set num_inference_steps={len(self.sigmas)}",
+                param="sigmas",
+            )
+        blocks = card.components["transformer"].config.get("num_layers")
+        outside = [
+            b for b in self.spatio_temporal_guidance_blocks if blocks is not None and not 0 <= b < blocks
+        ]
+        if outside and self.stg_on:
+            raise ConfigError(
+                f"spatio_temporal_guidance_blocks={self.spatio_temporal_guidance_blocks}: blocks {outside} do not "
+                f"exist; {card.model_id!r} has blocks 0..{blocks - 1}. Fix: name blocks that exist",
+                param="spatio_temporal_guidance_blocks",
+            )
+        frames = card.capabilities.max_frames
+        if frames is not None and self.num_frames > frames:
+            raise ConfigError(
+                f"num_frames={self.num_frames} exceeds this card's max_frames={frames}. Fix: use at most {frames}",
+                param="num_frames",
+            )
+
+    # -- the scales the loop runs (audio ones fall back to the video ones, as diffusers' `or` does) --
+
+    @property
+    def audio_scales(self) -> tuple[float, float, float, float]:
+        """(guidance, stg, modality, rescale) for audio."""
+        return (
+            self.audio_guidance_scale or self.guidance_scale,
+            self.audio_stg_scale or self.stg_scale,
+            self.audio_modality_scale or self.modality_scale,
+            self.audio_guidance_rescale or self.guidance_rescale,
+        )
+
+    @property
+    def cfg_on(self) -> bool:
+        return self.guidance_scale > 1.0 or self.audio_scales[0] > 1.0
+
+    @property
+    def stg_on(self) -> bool:
+        return self.stg_scale > 0.0 or self.audio_scales[1] > 0.0
+
+    @property
+    def modality_on(self) -> bool:
+        return self.modality_scale > 1.0 or self.audio_scales[2] > 1.0
