@@ -47,7 +47,9 @@ def load_component(folder: Path, name: str, spec: ComponentSpec, dtype: torch.dt
         return cls.from_pretrained(sub)
     refuse_pickles(sub)
     if not list(sub.glob("*.safetensors")):
-        raise WeightsError(f"{str(sub)!r} holds no *.safetensors weights. Fix: convert the weights to safetensors.")
+        raise WeightsError(
+            f"{str(sub)!r} holds no *.safetensors weights. Fix: convert the weights to safetensors."
+        )
     dtype_arg = "dtype" if cls.__module__.startswith("transformers") else "torch_dtype"
     return cls.from_pretrained(sub, use_safetensors=True, **{dtype_arg: dtype}).eval()
 
