@@ -144,6 +144,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         artifact = model.generate(task=task, plugin_options=options, progress=progress, **raw)
     path = artifact.save(output)
     print(f"wrote {path} and {path.with_suffix('.json')} in {artifact.provenance['seconds']:.1f} s")
+    if args.audio_out:
+        sound = getattr(artifact, "audio", None) or artifact
+        print(f"wrote {sound.save(args.audio_out)}")
     return 0
 
 
@@ -224,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="attention kernel variant, e.g. sta (default: the card's; see `fv cards`)",
     )
     gen.add_argument("-o", "--output", help="output file (default: out.mp4, out.png, ... by the task)")
+    gen.add_argument(
+        "--audio-out", metavar="WAV", help="also write the soundtrack as a .wav (tasks with audio)"
+    )
     gen.set_defaults(func=cmd_generate, host=host, param_names=add_param_flags(gen, host))
     from fv_core.serving.cli import add_serve_parser  # imports FastAPI only when installed with [serve]
 

@@ -6,7 +6,8 @@ A subclass provides three pytest fixtures and inherits the tests::
         @pytest.fixture
         def contract_model(self, ...) -> LoadedModel: ...        # fv_core.load(...) of the card
         @pytest.fixture
-        def contract_reference(self, ...): ...                    # params dict -> frames [F, H, W, 3] (numpy)
+        def contract_reference(self, ...): ...                    # params -> frames [F, H, W, 3] or
+                                                                  # {"frames": ..., "audio": [ch, samples]}
         @pytest.fixture
         def contract_requests(self) -> list[dict]: ...            # params of a few different requests
 
@@ -29,7 +30,8 @@ from fv_core.model import LoadedModel
 from fv_core.parity.gate import assert_interleave_parity
 from fv_core.runtime.engine import Engine
 
-Reference = Callable[[dict[str, Any]], np.ndarray]
+# params -> the reference's frames [F, H, W, 3], or {"frames": ..., "audio": [channels, samples]}
+Reference = Callable[[dict[str, Any]], Any]
 
 
 class CardContract:
@@ -40,14 +42,20 @@ class CardContract:
     def test_c1_matches_the_reference(
         self, contract_model: LoadedModel, contract_reference: Reference, contract_requests: list[dict]
     ) -> None:
-        tolerance = contract_model.card.parity.tolerances.get("frames", 0.0)
+        tolerances = contract_model.card.parity.tolerances
         for params in contract_requests:
             ours = contract_model.generate(**params)
             ref = contract_reference(ours.provenance["params"])  # every resolved param, defaults included
-            frames = _frames(ours)
-            assert frames.shape == ref.shape, (params, frames.shape, ref.shape)
-            worst = float(np.abs(frames - ref).max())
-            assert worst <= tolerance, f"{params}: max |fv - reference| = {worst:.3e} > {tolerance:g}"
+            ref = ref if isinstance(ref, dict) else {"frames": ref}
+            mine = {"frames": _frames(ours), "audio": getattr(getattr(ours, "audio", None), "samples", None)}
+            for output, expected in ref.items():
+                got = mine[output]
+                assert got is not None and got.shape == expected.shape, (params, output, expected.shape)
+                worst = float(np.abs(got - expected).max())
+                allowed = tolerances.get(output, 0.0)
+                assert worst <= allowed, (
+                    f"{params}: {output} max |fv - reference| = {worst:.3e} > {allowed:g}"
+                )
 
     def test_interleave_gate(self, contract_model: LoadedModel, contract_requests: list[dict]) -> None:
         def items() -> list[Any]:
