@@ -164,8 +164,8 @@ def add_param_flags(parser: argparse.ArgumentParser, host: PluginHost) -> list[s
             card = assemble_card(host.registries, model_id)
         except Exception:  # an invalid card is reported by `fv cards`; it adds no flags
             continue
-        for program in card.programs.values():
-            params = resolve_lazy(card.loops[program.stages[0]].params)
+        for task in card.programs:
+            params = resolve_lazy(card.params_of(task))
             for name, info in params.model_fields.items():
                 fields.setdefault(name, (params, info))
     for name, (params, info) in fields.items():

@@ -106,9 +106,8 @@ class LoadedModel:
         return task, self.card.programs[task]
 
     def params_model(self, task: str | None = None) -> type[Params]:
-        """The typed Params class of ``task`` (its first stage's loop declares it)."""
-        _, program = self.program(task)
-        return resolve_lazy(self.card.loops[program.stages[0]].params)
+        """The typed Params class of ``task`` (the program's, else its first stage's loop's)."""
+        return resolve_lazy(self.card.params_of(self.program(task)[0]))
 
     def loop(self, loop_id: str) -> Loop:
         """The loop ``loop_id`` bound to this instance (loops hold no per-request state)."""
@@ -116,11 +115,15 @@ class LoadedModel:
 
     def runnable(self, task: str) -> Loop | Program:
         """What the scheduler runs for ``task``: its loop, or a Program of its loops."""
-        stages = self.card.programs[task].stages
-        if len(stages) == 1:
-            return self.loop(stages[0])
+        program = self.card.programs[task]
+        if len(program.stages) == 1:
+            return self.loop(program.stages[0])
         return Program(
-            task, [Stage(f"{i}:{loop_id}", self.loop(loop_id)) for i, loop_id in enumerate(stages)]
+            task,
+            [
+                Stage(f"{i}:{loop_id}", self.loop(loop_id), resolve_lazy(program.binds.get(i)))
+                for i, loop_id in enumerate(program.stages)
+            ],
         )
 
     # -- the front door -------------------------------------------------------------------------

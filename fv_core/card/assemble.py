@@ -65,7 +65,7 @@ def derive_card(parent: ModelCard, variant: CardVariant) -> ModelCard:
 def check_defaults(card: ModelCard) -> ModelCard:
     """Every program default names a field of its loop's Params."""
     for task, program in card.programs.items():
-        fields = resolve_lazy(card.loops[program.stages[0]].params).model_fields
+        fields = resolve_lazy(card.params_of(task)).model_fields
         unknown = sorted(set(program.defaults) - set(fields))
         if unknown:
             raise CardValidationError(
@@ -95,7 +95,7 @@ def describe_card(registries: Registries, model_id: str) -> dict[str, Any]:
                 "stages": p.stages,
                 "outputs": p.outputs,
                 "accepts": card.loops[p.stages[0]].accepts,
-                "params": schema_with_defaults(resolve_lazy(card.loops[p.stages[0]].params), p.defaults),
+                "params": schema_with_defaults(resolve_lazy(card.params_of(task)), p.defaults),
             }
             for task, p in card.programs.items()
         },

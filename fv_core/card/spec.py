@@ -73,10 +73,14 @@ class LoopSpec(Spec):
 class ProgramSpec(Spec):
     """A named task: loops of this card run in order against one instance.
 
-    The request's Params are the first stage's; ``defaults`` are this card's
-    values for them (a card variant overrides them)."""
+    The request's Params are the program's (default: the first stage's loop's); ``defaults`` are
+    this card's values for them (a card variant overrides them)."""
 
     stages: list[str]  # loop ids, run in order
+    params: str | None = None  # "module:attr" of this task's request Params; None: its first loop's
+    binds: dict[int, str] = Field(
+        default_factory=dict
+    )  # stage index -> "module:attr" (request, earlier results) -> that stage's request
     defaults: dict[str, Any] = Field(default_factory=dict)  # Params field -> this card's default
     outputs: list[PartKind] = Field(default_factory=lambda: list[PartKind](["video"]))  # artifacts it yields
     description: str = ""
@@ -159,6 +163,11 @@ class ModelCard(Spec):
     def tasks(self) -> list[str]:
         """Task names, the default first."""
         return list(self.programs)
+
+    def params_of(self, task: str) -> str:
+        """The ``"module:attr"`` of ``task``'s request Params (the program's, else its first loop's)."""
+        program = self.programs[task]
+        return program.params or self.loops[program.stages[0]].params
 
 
 class CardVariant(Spec):

@@ -91,6 +91,14 @@ def _check_programs(card: ModelCard) -> None:
         _fail(card, "programs", "the card declares no program (task)", "declare at least one ProgramSpec")
     for name, program in card.programs.items():
         unknown = [loop for loop in program.stages if loop not in card.loops]
+        unbound = sorted(set(program.binds) - set(range(len(program.stages))))
+        if unbound:
+            _fail(
+                card,
+                f"programs.{name}.binds",
+                f"stage indices {unbound} are not stages of {program.stages}",
+                f"bind stages 0..{len(program.stages) - 1} only",
+            )
         if not program.stages or unknown:
             _fail(
                 card,

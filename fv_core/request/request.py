@@ -18,6 +18,7 @@ class Request:
     params: Any = field(default_factory=dict)  # the loop's typed Params (a plain dict for card-less loops)
     parts: tuple[Part, ...] = ()  # input parts besides the params (images, audio, ...), in order
     options: dict[str, Any] = field(default_factory=dict)  # plugin -> validated options (deploy + request)
+    carry: dict[str, Any] = field(default_factory=dict)  # what a program's earlier stages hand on (latents)
     seed: int = 0  # seeds the per-request generator in LoopState (params.seed when typed)
     priority: int = 0  # higher is admitted first among waiting requests
     arrival_s: float = field(default_factory=time.monotonic)  # monotonic submit time (FIFO tie-break)

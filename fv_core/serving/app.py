@@ -115,8 +115,8 @@ def _served_params(deploy: DeploymentCard, host: PluginHost) -> list[type[Any]]:
             card = host.card(m.card)
         except Exception:
             continue
-        for program in card.programs.values():
-            cls = resolve_lazy(card.loops[program.stages[0]].params)
+        for task in card.programs:
+            cls = resolve_lazy(card.params_of(task))
             if cls not in classes:
                 classes.append(cls)
     return classes

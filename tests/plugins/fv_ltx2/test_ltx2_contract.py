@@ -90,3 +90,56 @@ class TestCardBuiltFromAFolder(CardContract):
     @pytest.fixture
     def contract_requests(self):
         return [{**self.contract_affordable, **r} for r in REQUESTS[:2]]
+
+
+def test_two_stages_equal_diffusers_chain(ltx_host, ltx_path):
+    """t2av-two-stage == LTX2Pipeline (half size, latents) -> LTX2LatentUpsamplePipeline -> LTX2Pipeline
+    refine (fixed sigmas, no dynamic shift, re-noised to the first sigma, guidance off), same seed per call."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    model = fv_core.load("ltx2-tiny", ltx_path, host=ltx_host)
+    ours = model.generate(task="t2av-two-stage", prompt="a cat playing piano", height=128, width=128, seed=3)
+    p = ours.provenance["params"]
+    assert p["refine_sigmas"] == [0.909375, 0.725, 0.421875] and ours.frames.shape == (9, 128, 128, 3)
+    assert ours.provenance["metrics"]["steps"] == p["num_inference_steps"] + 1 + 3  # base, upsample, refine
+    pipe = LTX2Pipeline.from_pretrained(ltx_path)
+    pipe.set_progress_bar_config(disable=True)
+    common = dict(
+        negative_prompt=p["negative_prompt"], num_frames=p["num_frames"], frame_rate=p["fps"],
+        spatio_temporal_guidance_blocks=p["spatio_temporal_guidance_blocks"],
+        max_sequence_length=p["max_sequence_length"], guidance_rescale=p["guidance_rescale"],
+        audio_guidance_rescale=p["audio_guidance_rescale"],
+    )  # fmt: skip
+    video, audio = pipe(
+        p["prompt"], height=64, width=64, num_inference_steps=p["num_inference_steps"],
+        guidance_scale=p["guidance_scale"], stg_scale=p["stg_scale"], modality_scale=p["modality_scale"],
+        audio_guidance_scale=p["audio_guidance_scale"], audio_stg_scale=p["audio_stg_scale"],
+        audio_modality_scale=p["audio_modality_scale"], generator=torch.Generator().manual_seed(3),
+        output_type="latent", return_dict=False, **common,
+    )  # fmt: skip
+    upsampler = LTX2LatentUpsamplerModel.from_pretrained(f"{ltx_path}/latent_upsampler")
+    up = LTX2LatentUpsamplePipeline(vae=pipe.vae, latent_upsampler=upsampler)
+    video = up(latents=video, output_type="latent", return_dict=False)[0]
+    config = pipe.scheduler.config
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(
+        config, use_dynamic_shifting=False, shift_terminal=None
+    )
+    sigmas = p["refine_sigmas"]
+    ref = pipe(
+        p["prompt"], latents=video, audio_latents=audio, height=128, width=128, num_inference_steps=len(sigmas),
+        sigmas=sigmas, noise_scale=sigmas[0], guidance_scale=1.0, stg_scale=0.0, modality_scale=1.0,
+        audio_guidance_scale=1.0, audio_stg_scale=0.0, audio_modality_scale=1.0,
+        generator=torch.Generator().manual_seed(3), output_type="np", **common,
+    )  # fmt: skip
+    assert np.abs(ref.frames[0] - ours.frames).max() <= 1e-5
+    assert np.abs(ref.audio[0].float().numpy() - ours.audio.samples).max() <= 1e-5
+
+
+def test_two_stage_sizes_must_halve_to_the_vae_grid(ltx_host, ltx_path):
+    model = fv_core.load("ltx2-tiny", ltx_path, host=ltx_host)
+    with pytest.raises(
+        fv_core.ConfigError, match=r"height=96 must be a multiple of 64 for two stages.*Fix: use 64"
+    ):
+        model.prepare({"prompt": "a cat", "height": 96}, task="t2av-two-stage")

@@ -19,9 +19,11 @@ from fv_core import (
     WorkUnitKind,
 )
 
-TASKS = {"t2av"}
-# The sigmas LTX-2's distilled weights were made for (8 steps; diffusers' DISTILLED_SIGMA_VALUES).
+TASKS = {"t2av", "t2av-two-stage"}
+# The sigmas LTX-2's distilled weights were made for (8 steps; diffusers' DISTILLED_SIGMA_VALUES), and
+# the refine stage's subset (diffusers' STAGE_2_DISTILLED_SIGMA_VALUES).
 DISTILLED_SIGMAS = [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875]
+REFINE_SIGMAS = DISTILLED_SIGMAS[5:]
 
 # diffusers' LTX2Pipeline.__call__ defaults.
 BASE_DEFAULTS = dict(
@@ -69,14 +71,12 @@ CLASSES = {
 def components(config: dict[str, dict] | None = None) -> dict[str, ComponentSpec]:
     """The LTX-2 components; ``config``: what each component's config must hold (default: its class)."""
     config = config if config is not None else CLASSES
-    generate = TASKS
     return {
         name: ComponentSpec(
             kind=kind,
             load_id=load_id,
             subfolder=name,
-            required_for=set() if name == "latent_upsampler" else generate,
-            optional_for=generate if name == "latent_upsampler" else set(),
+            required_for={"t2av-two-stage"} if name == "latent_upsampler" else TASKS,
             config=config.get(name, {}),
         )
         for name, (kind, load_id) in LAYOUT.items()
@@ -95,30 +95,53 @@ def ltx2_card(
     max_resolution: tuple[int, int] | None = (1088, 1920),
     default_weights: str | None = None,
 ) -> ModelCard:
-    loop = LoopSpec(
-        kind=LoopKind.DIFFUSION_DENOISE,
-        work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
-        loop_factory="fv_ltx2.loop:LTX2Loop",
-        components=[n for n in LAYOUT if n != "latent_upsampler"],
-        cache_policy=["text_embeddings"],
-        step_cost=cost,
-        steps=StepsContract(min_steps=1, max_steps=200),
-        samplers=["euler"],
-        params="fv_ltx2.params:LTX2Params",
-    )
-    program = ProgramSpec(
-        stages=["t2av"],
-        defaults={**BASE_DEFAULTS, **defaults},
-        outputs=["video", "audio"],
-        description="text to video with its soundtrack",
-    )
+    def denoise(factory: str) -> LoopSpec:
+        return LoopSpec(
+            kind=LoopKind.DIFFUSION_DENOISE,
+            work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
+            loop_factory=factory,
+            components=[n for n in LAYOUT if n != "latent_upsampler"],
+            cache_policy=["text_embeddings"],
+            step_cost=cost,
+            steps=StepsContract(min_steps=1, max_steps=200),
+            samplers=["euler"],
+            params="fv_ltx2.params:LTX2Params",
+        )
+
+    loops = {
+        "t2av": denoise("fv_ltx2.loop:LTX2Loop"),
+        "upsample": LoopSpec(
+            kind=LoopKind.VAE_DECODE,
+            work_unit_kind=WorkUnitKind.VAE_TILE,
+            loop_factory="fv_ltx2.loop:LTX2UpsampleLoop",
+            components=["latent_upsampler"],
+        ),
+        "refine": denoise("fv_ltx2.loop:LTX2RefineLoop"),
+    }
+    merged = {**BASE_DEFAULTS, **defaults}
+    programs = {
+        "t2av": ProgramSpec(
+            stages=["t2av"],
+            defaults=merged,
+            outputs=["video", "audio"],
+            description="text to video with sound",
+        ),
+        "t2av-two-stage": ProgramSpec(
+            stages=["t2av", "upsample", "refine"],
+            params="fv_ltx2.params:LTX2TwoStageParams",
+            binds={i: f"fv_ltx2.program:{f}" for i, f in enumerate(("base", "upsample", "refine"))},
+            defaults={**merged, "refine_sigmas": REFINE_SIGMAS, "refine_noise_scale": None},
+            outputs=["video", "audio"],
+            description="base at half size, latent upsampler x2, refine on fixed sigmas with guidance off",
+        ),
+    }
     return ModelCard(
         model_id=model_id,
         family="ltx2",
         description=description,
         components=components(config),
-        loops={"t2av": loop},
-        programs={"t2av": program},
+        loops=loops,
+        programs=programs,
         recipe=recipe,
         parity=ParitySpec(
             level="C1", reference="diffusers:LTX2Pipeline", tolerances={"frames": 1e-5, "audio": 1e-5}

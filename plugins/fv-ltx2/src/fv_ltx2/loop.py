@@ -115,7 +115,10 @@ def schedule(config: dict[str, Any], video_tokens: int, steps: int, sigmas: list
 
 class LTX2Loop:
     """The loop of LTX-2 cards (task ``t2av``), bound to one live LTX2Model; all request state is in
-    LoopState."""
+    LoopState. A request whose ``carry`` asks for ``latents_out`` (a program's base stage) ends after
+    denoising with its latents instead of decoding them."""
+
+    schedule_overrides: dict[str, Any] = {}  # scheduler config values this loop replaces
 
     def __init__(self, instance: LTX2Model) -> None:
         self.instance = instance
@@ -156,25 +159,55 @@ class LTX2Loop:
                 use_cross_timestep=p.use_cross_timestep,
             ),
             stg_blocks=list(p.spatio_temporal_guidance_blocks), cache_hits=0,
+            latents_out=bool(request.carry.get("latents_out")),
         )  # fmt: skip
         self._tokenize(inst, state, p)
-        patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
+        self._start_latents(state, request, grid, audio_frames)
+        config = {**inst.scheduler_config, **self.schedule_overrides}
+        steps, sigmas = schedule(config, state.tensors["latents"].shape[1], p.num_inference_steps, p.sigmas)
+        state.tensors.update(timesteps=steps, sigmas=sigmas)
+        state.tensors["video_coords"] = transformer.rope.prepare_video_coords(
+            1, *grid, inst.device, fps=p.fps
+        )
+        state.tensors["audio_coords"] = transformer.audio_rope.prepare_audio_coords(
+            1, audio_frames, inst.device
+        )
+        state.values["decode_timestep"] = p.decode_timestep
+        return state
+
+    def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
+        """Packed noise for the video and audio latents (the generator's first draws, as diffusers')."""
+        inst, gen = self.instance, state.generator
+        vae, audio_vae, transformer = (inst.component(n) for n in ("vae", "audio_vae", "transformer"))
         noise = torch.randn((1, vae.config.latent_channels, *grid), generator=gen, dtype=torch.float32)
-        audio = torch.randn((1, audio_vae.config.latent_channels, audio_frames, mel), generator=gen)
+        audio = torch.randn(
+            (1, audio_vae.config.latent_channels, audio_frames, state.values["mel"]), generator=gen
+        )
+        patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
         state.tensors.update(
             latents=pack(noise, patch, patch_t), audio_latents=audio.transpose(1, 2).flatten(2, 3)
         )
         if vae.config.timestep_conditioning:  # drawn here: the generator's next draw in diffusers too
             state.tensors["decode_noise"] = torch.randn((1, vae.config.latent_channels, *grid), generator=gen)
-        steps, sigmas = schedule(
-            inst.scheduler_config, state.tensors["latents"].shape[1], p.num_inference_steps, p.sigmas
+
+    def _sizes(self, request) -> tuple[tuple[int, int, int], int]:
+        """The latent grid (frames, height, width) and the audio latent length of the request."""
+        p, vae, audio_vae = (
+            request.params,
+            self.instance.component("vae"),
+            self.instance.component("audio_vae"),
         )
-        state.tensors.update(timesteps=steps, sigmas=sigmas)
-        device = inst.device
-        state.tensors["video_coords"] = transformer.rope.prepare_video_coords(1, *grid, device, fps=p.fps)
-        state.tensors["audio_coords"] = transformer.audio_rope.prepare_audio_coords(1, audio_frames, device)
-        state.values["decode_timestep"] = p.decode_timestep
-        return state
+        grid = (
+            (p.num_frames - 1) // vae.temporal_compression_ratio + 1,
+            p.height // vae.spatial_compression_ratio,
+            p.width // vae.spatial_compression_ratio,
+        )
+        per_second = (
+            audio_vae.config.sample_rate
+            / audio_vae.config.mel_hop_length
+            / audio_vae.temporal_compression_ratio
+        )
+        return grid, round(p.num_frames / p.fps * per_second)
 
     def _tokenize(self, inst: LTX2Model, state: LoopState, p: LTX2Params) -> None:
         """Token ids of [negative, prompt] (CFG) or [prompt], left-padded; cached rows skip the encoder."""
@@ -251,6 +284,14 @@ class LTX2Loop:
 
     def finalize(self, state: LoopState) -> LoopResult:
         v = state.values
+        metrics = {
+            "steps": state.step,
+            "text_cache_hits": v["cache_hits"],
+            "branches": v["branches"],
+            "kernels": {"attention": "sdpa"},
+        }
+        if v["latents_out"]:
+            return LoopResult(self._latents(state), metrics)
         vocoder = self.instance.component("vocoder")
         outputs = {
             "frames": state.tensors["frames"],
@@ -258,13 +299,26 @@ class LTX2Loop:
             "sample_rate": int(vocoder.config.output_sampling_rate),
             "fps": v["statics"]["fps"],
         }
-        metrics = {
-            "steps": state.step,
-            "text_cache_hits": v["cache_hits"],
-            "branches": v["branches"],
-            "kernels": {"attention": "sdpa"},
-        }
         return LoopResult(outputs, metrics)
+
+    def _latents(self, state: LoopState) -> dict[str, torch.Tensor]:
+        """Denormalized video latents [1, C, F, H, W] and audio latents [1, C, L, mel], as diffusers'
+        ``output_type="latent"`` hands them to the next stage."""
+        inst, t = self.instance, state.tensors
+        vae, audio_vae, transformer = (inst.component(n) for n in ("vae", "audio_vae", "transformer"))
+        video = unpack(
+            t["latents"],
+            *state.values["grid"],
+            transformer.config.patch_size,
+            transformer.config.patch_size_t,
+        )
+        shape = (1, -1, 1, 1, 1)
+        std, mean = vae.latents_std.view(shape).to(video), vae.latents_mean.view(shape).to(video)
+        audio = t["audio_latents"] * audio_vae.latents_std.to(video) + audio_vae.latents_mean.to(video)
+        return {
+            "latents": video * std / vae.config.scaling_factor + mean,
+            "audio_latents": audio.unflatten(2, (-1, state.values["mel"])).transpose(1, 2),
+        }
 
     def estimate(self, state: LoopState) -> tuple[float, int]:
         """Predicted seconds left (the branch calls of the remaining steps) and peak bytes."""
@@ -355,7 +409,7 @@ class LTX2Loop:
         state.step += 1
         v["branch"] = 0
         if state.step == state.total_steps:
-            v["phase"] = "decode_video"
+            v["phase"] = "done" if v["latents_out"] else "decode_video"
 
     def _decode_video_plan(self, state: LoopState, precision: str) -> WorkPlan:
         inst, t = self.instance, state.tensors
@@ -382,3 +436,79 @@ class LTX2Loop:
     def _cost(self, state: LoopState) -> float:
         cost = self.instance.card.loops[state.loop_id].step_cost
         return cost.base_s + cost.per_token_s * state.tensors["latents"].shape[1]
+
+
+class LTX2RefineLoop(LTX2Loop):
+    """The refine stage of ``t2av-two-stage``: it starts from the upsampled latents its program hands on
+    (``request.carry``), re-noised to ``noise_scale``, and denoises them on fixed float sigmas (no
+    dynamic shift, no terminal stretch) with guidance off, then decodes video and audio."""
+
+    schedule_overrides = {"use_dynamic_shifting": False, "shift_terminal": None}
+
+    def _sizes(self, request) -> tuple[tuple[int, int, int], int]:
+        video, audio = request.carry["latents"], request.carry["audio_latents"]
+        return tuple(video.shape[2:]), audio.shape[2]  # type: ignore[return-value]
+
+    def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
+        inst, gen, scale = self.instance, state.generator, request.carry["noise_scale"]
+        vae, audio_vae, transformer = (inst.component(n) for n in ("vae", "audio_vae", "transformer"))
+        video = request.carry["latents"].float()
+        shape = (1, -1, 1, 1, 1)
+        mean, std = vae.latents_mean.view(shape).to(video), vae.latents_std.view(shape).to(video)
+        video = pack(
+            (video - mean) * vae.config.scaling_factor / std,
+            transformer.config.patch_size,
+            transformer.config.patch_size_t,
+        )
+        noise = torch.randn(video.shape, generator=gen, dtype=video.dtype)
+        audio = request.carry["audio_latents"].float().transpose(1, 2).flatten(2, 3)
+        audio = (audio - audio_vae.latents_mean.to(audio)) / audio_vae.latents_std.to(audio)
+        audio_noise = torch.randn(audio.shape, generator=gen, dtype=audio.dtype)
+        state.tensors.update(
+            latents=scale * noise + (1 - scale) * video,
+            audio_latents=scale * audio_noise + (1 - scale) * audio,
+        )
+        if vae.config.timestep_conditioning:
+            state.tensors["decode_noise"] = torch.randn((1, vae.config.latent_channels, *grid), generator=gen)
+
+
+def upsample_body(upsampler, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The latent upsampler on denormalized video latents [B, C, F, H, W] (2x height and width)."""
+    return {"latents": upsampler(inputs["latents"].to(upsampler.dtype))}
+
+
+class LTX2UpsampleLoop:
+    """The middle stage of ``t2av-two-stage``: the card's latent upsampler on the base stage's video
+    latents (one VAE_TILE unit); the audio latents pass through."""
+
+    def __init__(self, instance: LTX2Model) -> None:
+        self.instance = instance
+
+    def init(self, request, instance=None, ctx=None) -> LoopState:
+        state = LoopState(request.request_id, "upsample", total_steps=1)
+        state.tensors.update(latents=request.carry["latents"], audio_latents=request.carry["audio_latents"])
+        return state
+
+    def next(self, state: LoopState) -> WorkPlan | Done:
+        if state.step:
+            return Done()
+        inst, latents = self.instance, state.tensors["latents"]
+        return WorkPlan(
+            kind=WorkUnitKind.VAE_TILE,
+            body=partial(upsample_body, inst.component("latent_upsampler")),
+            inputs={"latents": latents},
+            batch_key=BatchKey(
+                f"{inst.instance_id}/upsampler", "upsample", tuple(latents.shape[1:]), str(inst.dtype)
+            ),
+            label="latent upsample x2",
+        )
+
+    def advance(self, state: LoopState, result: StepResult) -> LoopState:
+        state.tensors["latents"] = result.outputs["latents"]
+        state.step = 1
+        return state
+
+    def finalize(self, state: LoopState) -> LoopResult:
+        return LoopResult(
+            {"latents": state.tensors["latents"], "audio_latents": state.tensors["audio_latents"]}
+        )

@@ -120,3 +120,24 @@ class LTX2Params(Params):
     @property
     def modality_on(self) -> bool:
         return self.modality_scale > 1.0 or self.audio_scales[2] > 1.0
+
+
+class LTX2TwoStageParams(LTX2Params):
+    """``t2av-two-stage``: the base stage runs these params at half height and width; the refine stage
+    runs ``refine_sigmas`` at the full size with guidance off."""
+
+    refine_sigmas: list[float] = Field(min_length=1, description="the refine stage's float sigmas")
+    refine_noise_scale: float | None = Field(
+        ge=0, le=1, description="re-noise before refine (unset: the first refine sigma)"
+    )
+
+    def check(self, card: ModelCard, loop_id: str) -> None:
+        super().check(card, loop_id)
+        for name in ("height", "width"):
+            value = getattr(self, name)
+            if value % (2 * SPACE_COMPRESSION):
+                raise ConfigError(
+                    f"{name}={value} must be a multiple of 64 for two stages (the base stage runs at half size, "
+                    f"a multiple of 32). Fix: use {max(64, value // 64 * 64)}",
+                    param=name,
+                )
