@@ -147,7 +147,8 @@ class VideoArtifact:
         imageio.mimwrite(path, list(pixels), fps=self.fps, codec="libx264", quality=8, macro_block_size=1)
 
     def _write_with_audio(self, path: Path, pixels: np.ndarray, audio: AudioArtifact) -> None:
-        """Write video and sound to temp files, mux them with ffmpeg, then rename into place."""
+        """Write video and sound to temp files, mux them with ffmpeg (the sound track cut or padded with
+        silence to the video's length: every frame is kept), then rename into place."""
         import imageio_ffmpeg
 
         # A hidden temp folder next to ``path`` (same filesystem, so the rename is atomic);
@@ -171,7 +172,9 @@ class VideoArtifact:
                 "copy",
                 "-c:a",
                 "aac",
-                "-shortest",
+                "-af",
+                "apad",  # sound shorter than the frames is padded with silence ...
+                "-shortest",  # ... and both tracks end with the last frame
                 str(muxed),
             ]
             try:

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 
+import imageio.v2 as imageio
 import imageio_ffmpeg
 import numpy as np
 import pytest
@@ -61,7 +62,9 @@ def test_c0_components_equal_the_pipelines(model, pipe):
             latents=latents, audio_latents=audio_latents, video_text=video, audio_text=audio, text_mask=text_mask,
             timestep=torch.tensor([700.0]), video_coords=video_coords, audio_coords=audio_coords,
         )  # fmt: skip
-        mine = denoise_body(inst.component("transformer"), {**statics, "isolate_modalities": True}, inputs)
+        mine = denoise_body(
+            inst.component("transformer"), {**statics, "isolate_modalities": True}, "modality", inputs
+        )
         ref_v, ref_a = pipe.transformer(
             hidden_states=latents, audio_hidden_states=audio_latents, encoder_hidden_states=video,
             audio_encoder_hidden_states=audio, timestep=torch.tensor([700.0]), sigma=torch.tensor([700.0]),
@@ -145,6 +148,7 @@ def test_the_mp4_holds_the_video_and_its_soundtrack_in_sync(model, tmp_path):
     path = video.save(tmp_path / "drums.mp4")
     found = streams(path)
     assert re.search(r"Video: h264", found) and re.search(r"Audio: aac.*24000 Hz", found), found
+    assert len(imageio.mimread(path)) == 17  # every frame is kept (the sound is padded to the last one)
     assert json.loads(path.with_suffix(".json").read_text())["params"]["num_frames"] == 17
 
 

@@ -94,6 +94,7 @@ def ltx2_card(
     max_frames: int | None = 257,
     max_resolution: tuple[int, int] | None = (1088, 1920),
     default_weights: str | None = None,
+    interceptors: frozenset[str] = frozenset({"step_skip", "block_skip"}),
 ) -> ModelCard:
     def denoise(factory: str) -> LoopSpec:
         return LoopSpec(
@@ -147,7 +148,7 @@ def ltx2_card(
             level="C1", reference="diffusers:LTX2Pipeline", tolerances={"frames": 1e-5, "audio": 1e-5}
         ),
         capabilities=CapabilityMatrix(
-            interceptors={"step_skip"}, max_frames=max_frames, max_resolution=max_resolution
+            interceptors=set(interceptors), max_frames=max_frames, max_resolution=max_resolution
         ),
         caches={
             "text_embeddings": CacheContract(

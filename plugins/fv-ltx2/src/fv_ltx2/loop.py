@@ -29,8 +29,10 @@ from fv_core import (
     WorkPlan,
     WorkUnitKind,
 )
+from fv_core.extend import BLOCKS_INPUT
 from fv_ltx2.model import LTX2Model
 from fv_ltx2.params import LTX2Params
+from fv_ltx2.transformer import forward_blocks
 
 # ---- step bodies: pure functions of their inputs over shared weights ----
 
@@ -44,8 +46,13 @@ def encode_body(text_encoder, connectors, inputs: dict[str, Any]) -> dict[str, A
     return {"video_text": video, "audio_text": audio, "text_mask": text_mask}
 
 
-def denoise_body(transformer, statics: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
-    """One transformer call: the video and audio velocities of every row."""
+def denoise_body(transformer, statics: dict[str, Any], branch: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """One transformer call: the video and audio velocities of every row. With a block hook in
+    ``inputs[BLOCKS_INPUT]`` (a block interceptor is on) the blocks are driven one by one through it."""
+    hook = inputs.get(BLOCKS_INPUT)
+    if hook is not None:
+        video, audio = forward_blocks(transformer, hook, branch, inputs, statics)
+        return {"video": video.float(), "audio": audio.float()}
     video, audio = transformer(
         hidden_states=inputs["latents"],
         audio_hidden_states=inputs["audio_latents"],
@@ -363,17 +370,18 @@ class LTX2Loop:
             "timestep": t["timesteps"][state.step].expand(rows),
             "video_coords": t["video_coords"].repeat((rows,) + (1,) * (t["video_coords"].ndim - 1)),
             "audio_coords": t["audio_coords"].repeat((rows,) + (1,) * (t["audio_coords"].ndim - 1)),
+            BLOCKS_INPUT: None,  # block-structured body: the runner may attach a block hook here
         }
         statics = {
             **v["statics"],
             "isolate_modalities": branch == "modality",
             "spatio_temporal_guidance_blocks": v["stg_blocks"] if branch == "stg" else None,
         }
-        shapes = tuple(tuple(x.shape[1:]) for x in inputs.values())
+        shapes = tuple(tuple(x.shape[1:]) for x in inputs.values() if x is not None)
         graph = f"{branch}:{sorted(statics.items(), key=str)}"
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(denoise_body, inst.component("transformer"), statics),
+            body=partial(denoise_body, inst.component("transformer"), statics, branch),
             inputs=inputs,
             batch_key=BatchKey(
                 f"{inst.instance_id}/transformer", "diffusion_denoise", shapes, precision, graph_key=graph
