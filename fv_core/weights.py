@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +69,27 @@ def weights_fingerprint(folder: Path, name: str) -> str:
             h.update(f.read(header_len))
             h.update(f.read(1 << 20))
     return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    """Where fv keeps what it writes for reuse: ``$FV_CACHE_DIR``, else ``~/.cache/fv``."""
+    return Path(os.environ.get("FV_CACHE_DIR") or Path.home() / ".cache" / "fv")
+
+
+def materialize(target: Path, write: Callable[[Path], None]) -> str:
+    """``target`` once ``write(folder)`` has filled it: written into a staging folder beside it and
+    renamed into place, so concurrent processes never see half a checkpoint. Returns the folder."""
+    if (target / "model_index.json").is_file():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    try:
+        write(staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process won the race, or target exists empty
+            if not (target / "model_index.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)

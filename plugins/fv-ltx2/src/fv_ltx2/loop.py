@@ -142,18 +142,8 @@ class LTX2Loop:
         gen = torch.Generator(device="cpu").manual_seed(p.seed)
         loop_id = inst.card.programs[request.task].stages[0]
         state = LoopState(request.request_id, loop_id, total_steps=p.num_inference_steps, generator=gen)
-        vae, audio_vae, transformer = (inst.component(n) for n in ("vae", "audio_vae", "transformer"))
-        grid = (
-            (p.num_frames - 1) // vae.temporal_compression_ratio + 1,
-            p.height // vae.spatial_compression_ratio,
-            p.width // vae.spatial_compression_ratio,
-        )
-        per_second = (
-            audio_vae.config.sample_rate
-            / audio_vae.config.mel_hop_length
-            / audio_vae.temporal_compression_ratio
-        )
-        audio_frames = round(p.num_frames / p.fps * per_second)
+        audio_vae, transformer = inst.component("audio_vae"), inst.component("transformer")
+        grid, audio_frames = self._sizes(request)
         mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
         scales = p.audio_scales
         branches = (["cfg"] if p.cfg_on else ["cond"]) + ["stg"] * p.stg_on + ["modality"] * p.modality_on

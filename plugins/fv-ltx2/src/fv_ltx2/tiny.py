@@ -30,11 +30,11 @@ which split RoPE in the audio-video cross-attention needs.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from fv_core.weights import cache_dir, materialize
 
 TINY_ID = "ltx-2-tiny"
 TINY_VERSION = "v1"  # bump when the configs, vocabulary or seed below change
@@ -277,31 +277,13 @@ def tiny_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
-def default_cache_dir() -> Path:
-    """``$FV_CACHE_DIR`` or ``~/.cache/fv``."""
-    return Path(os.environ.get("FV_CACHE_DIR") or Path.home() / ".cache" / "fv")
-
-
 def tiny_weights(path: str | os.PathLike | None = None) -> str:
     """Materialize the tiny checkpoint (once) and return its folder.
 
     :param path: target folder; default ``<cache>/weights/ltx-2-tiny/v1``.
     """
-    target = Path(path) if path is not None else default_cache_dir() / "weights" / TINY_ID / TINY_VERSION
-    if (target / "model_index.json").is_file():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
-    try:
-        write_tiny_checkpoint(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process won the race, or target exists empty
-            if not (target / "model_index.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+    target = Path(path) if path is not None else cache_dir() / "weights" / TINY_ID / TINY_VERSION
+    return materialize(target, write_tiny_checkpoint)
 
 
 def tiny_config() -> dict[str, dict]:

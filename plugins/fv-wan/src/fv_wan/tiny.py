@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from fv_core.weights import cache_dir, materialize
 
 TINY_ID = "wan2.1-t2v-tiny"
 TINY_VERSION = "v1"  # bump when the configs, vocabulary or seed below change
@@ -89,31 +89,13 @@ def tiny_vocab() -> dict[str, int]:
     return vocab
 
 
-def default_cache_dir() -> Path:
-    """``$FV_CACHE_DIR`` or ``~/.cache/fv``."""
-    return Path(os.environ.get("FV_CACHE_DIR") or Path.home() / ".cache" / "fv")
-
-
 def tiny_weights(path: str | os.PathLike | None = None) -> str:
     """Materialize the tiny checkpoint (once) and return its folder.
 
     :param path: target folder; default ``<cache>/weights/wan2.1-t2v-tiny/v1``.
     """
-    target = Path(path) if path is not None else default_cache_dir() / "weights" / TINY_ID / TINY_VERSION
-    if (target / "model_index.json").is_file():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
-    try:
-        write_tiny_checkpoint(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process won the race, or target exists empty
-            if not (target / "model_index.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+    target = Path(path) if path is not None else cache_dir() / "weights" / TINY_ID / TINY_VERSION
+    return materialize(target, write_tiny_checkpoint)
 
 
 def write_tiny_checkpoint(folder: Path, transformer: dict | None = None, seed: int = SEED) -> None:
