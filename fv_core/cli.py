@@ -129,6 +129,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.attention:
         deploy = with_kernels(host, deploy, name, weights, {"attention": args.attention})
     model = load(name, weights, deploy=deploy, host=host)
+    parts = [read_image(args.image)] if args.image else []
+    if parts and task is None:  # an image picks the model's first task that takes one
+        task = next(
+            (
+                t
+                for t in model.card.tasks
+                if "image" in model.card.loops[model.card.programs[t].stages[0]].accepts
+            ),
+            None,
+        )
     kind = model.card.programs[model.program(task)[0]].outputs[0]
     output = Path(args.output or DEFAULT_OUTPUT[kind])
     if output.suffix.lower() not in SUFFIXES[kind]:
@@ -141,13 +151,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(step - bar.n)
 
-        artifact = model.generate(task=task, plugin_options=options, progress=progress, **raw)
+        artifact = model.generate(task=task, parts=parts, plugin_options=options, progress=progress, **raw)
     path = artifact.save(output)
     print(f"wrote {path} and {path.with_suffix('.json')} in {artifact.provenance['seconds']:.1f} s")
     if args.audio_out:
         sound = getattr(artifact, "audio", None) or artifact
         print(f"wrote {sound.save(args.audio_out)}")
     return 0
+
+
+def read_image(path: str):
+    """An image file as an ImagePart ([H, W, 3] float32 in 0..1)."""
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    from fv_core.request import ImagePart
+
+    try:
+        with Image.open(path) as image:
+            return ImagePart(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0)
+    except (OSError, UnidentifiedImageError) as exc:
+        raise ConfigError(
+            f"--image {path}: not a readable image ({exc}). Fix: pass a PNG or JPEG file."
+        ) from None
 
 
 DEFAULT_OUTPUT = {"video": "out.mp4", "image": "out.png", "audio": "out.wav", "text": "out.txt"}
@@ -221,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--deploy", metavar="FILE", help="run the model as this deploy file's entry for it")
     gen.add_argument("--replay", metavar="JSON", help="re-run the request recorded in a provenance file")
     gen.add_argument("--size", type=parse_size, help="WIDTHxHEIGHT (sets --width and --height)")
+    gen.add_argument(
+        "--image", metavar="PATH", help="an input image (the first frame, for tasks that take one)"
+    )
     gen.add_argument(
         "--attention",
         metavar="VARIANT",

@@ -152,7 +152,8 @@ class LoadedModel:
         self._check_limits(params)
         params.check(self.card, loop_id)
         if "num_inference_steps" in cls.model_fields:
-            check_loop_request(self.card, loop_id, params.num_inference_steps)  # type: ignore[attr-defined]
+            recipe_loop = self.card.loops[loop_id].variant_of or loop_id
+            check_loop_request(self.card, recipe_loop, params.num_inference_steps)  # type: ignore[attr-defined]
         parts = tuple(parts)
         accepted = self.card.loops[loop_id].accepts
         refused = [p.kind for p in parts if p.kind not in accepted]

@@ -38,6 +38,7 @@ class CardContract:
     """The tests every card passes; see the module docstring for the fixtures a subclass provides."""
 
     contract_affordable: dict[str, Any] = {}  # params set over the defaults to keep a run cheap (e.g. size)
+    contract_parts: dict[str, Callable[[], list]] = {}  # task -> its input parts (tasks that take some)
 
     def test_c1_matches_the_reference(
         self, contract_model: LoadedModel, contract_reference: Reference, contract_requests: list[dict]
@@ -75,10 +76,11 @@ class CardContract:
         card = contract_model.card
         for task, program in card.programs.items():
             asked = {"prompt": contract_requests[0]["prompt"], **self.contract_affordable}
-            assumed = contract_model.generate(task=task, **asked)
+            parts = self.contract_parts[task]() if task in self.contract_parts else []
+            assumed = contract_model.generate(task=task, parts=parts, **asked)
             resolved = assumed.provenance["params"]
             assert resolved == {**resolved, **program.defaults, **asked}, (card.model_id, task)
-            spelled = contract_model.generate(task=task, **resolved)
+            spelled = contract_model.generate(task=task, parts=parts, **resolved)
             assert np.array_equal(_frames(assumed), _frames(spelled))
             if "num_inference_steps" in resolved and len(program.stages) == 1:
                 assert assumed.provenance["metrics"]["steps"] == resolved["num_inference_steps"]

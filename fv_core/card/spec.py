@@ -67,6 +67,9 @@ class LoopSpec(Spec):
     steps: StepsContract = Field(default_factory=StepsContract)
     samplers: list[str] = Field(default_factory=list)  # sampler names the loop accepts
     params: str = "fv_core.request.params:Params"  # "module:attr" of the loop's typed request Params
+    variant_of: str | None = (
+        None  # the loop whose weights and step contract this one shares (e.g. i2v of t2v)
+    )
     accepts: list[PartKind] = Field(default_factory=list)  # input parts the loop takes besides its params
 
 

@@ -58,6 +58,13 @@ def _check_loops(card: ModelCard) -> None:
                     f"component {name!r} is not declared (declared: {components})",
                     f"add {name!r} to components or remove it from the loop",
                 )
+        if loop.variant_of is not None and loop.variant_of not in card.loops:
+            _fail(
+                card,
+                f"{where}.variant_of",
+                f"{loop.variant_of!r} is not a declared loop (declared: {sorted(card.loops)})",
+                "name the loop whose weights this one shares",
+            )
         for cache in loop.cache_policy:
             if cache not in card.caches:
                 _fail(

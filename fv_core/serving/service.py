@@ -114,7 +114,7 @@ class Service:
 
     async def create_video(self, body: VideoBase) -> Video:
         served = self.model(body.model)
-        task = self._task(served, body.task, "video")
+        task = self._task(served, body.task, "video", image=body.input_reference is not None)
         program = served.loaded.card.programs[task]
         parts = await self._reference(served, task, body.input_reference)
         raw = self._raw(body)
@@ -215,11 +215,15 @@ class Service:
     # -- shared ---------------------------------------------------------------------------------------
 
     @staticmethod
-    def _task(served: ServedModel, asked: str | None, output: str) -> str:
-        """The task a route runs: the one asked for, else the card's first that outputs ``output``."""
-        programs = served.loaded.card.programs
+    def _task(served: ServedModel, asked: str | None, output: str, image: bool = False) -> str:
+        """The task a route runs: the one asked for, else the card's first that outputs ``output`` (and
+        takes an image, when the request sends one)."""
+        card = served.loaded.card
+        programs = card.programs
         fit = [t for t, p in programs.items() if output in p.outputs]
-        task = asked if asked is not None else (fit[0] if fit else None)
+        takes = [t for t in fit if "image" in card.loops[programs[t].stages[0]].accepts]
+        preferred = (takes or fit) if image else fit
+        task = asked if asked is not None else (preferred[0] if preferred else None)
         if task not in fit:
             raise ApiError(
                 400,

@@ -3,6 +3,7 @@ frames and audio waveform against diffusers' LTX2Pipeline on the same weights, a
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from diffusers import LTX2Pipeline
@@ -55,7 +56,15 @@ def reference(folder: str):
     return run
 
 
+def first_frame():
+    from fv_core import ImagePart
+
+    return [ImagePart(np.random.default_rng(7).random((64, 64, 3)).astype(np.float32))]
+
+
 class TestTinyCard(CardContract):
+    contract_parts = {"i2av": first_frame}
+
     @pytest.fixture(scope="class")
     def contract_model(self, ltx_host, ltx_path):
         return fv_core.load("ltx2-tiny", ltx_path, host=ltx_host)
@@ -70,6 +79,7 @@ class TestTinyCard(CardContract):
 
 
 class TestCardBuiltFromAFolder(CardContract):
+    contract_parts = {"i2av": first_frame}
     contract_affordable = dict(
         num_frames=9, height=64, width=64, num_inference_steps=2, max_sequence_length=128
     )  # diffusers' defaults (121 x 512 x 768, 30 steps) are slow here
@@ -143,3 +153,41 @@ def test_two_stage_sizes_must_halve_to_the_vae_grid(ltx_host, ltx_path):
         fv_core.ConfigError, match=r"height=96 must be a multiple of 64 for two stages.*Fix: use 64"
     ):
         model.prepare({"prompt": "a cat", "height": 96}, task="t2av-two-stage")
+
+
+@pytest.mark.parametrize("crf", [33, 0])
+def test_image_to_video_equals_diffusers(ltx_host, ltx_path, crf):
+    """i2av == LTX2ImageToVideoPipeline: the image H.264 re-compressed at image_crf, resized, encoded; the
+    first latent frame kept clean (timestep 0 on its tokens) through all three guidance branches."""
+    import numpy as np
+    from diffusers import LTX2ImageToVideoPipeline
+    from PIL import Image
+
+    from fv_core import ImagePart
+
+    pixels = (np.random.default_rng(crf).random((80, 96, 3)) * 255).round().astype(np.uint8)
+    model = fv_core.load("ltx2-tiny", ltx_path, host=ltx_host)
+    ours = model.generate(task="i2av", parts=[ImagePart(pixels / np.float32(255))], prompt="a red ball",
+                          image_crf=crf, num_inference_steps=3, seed=5)  # fmt: skip
+    p = ours.provenance["params"]
+    assert ours.provenance["parts"] == ["image"] and p["image_crf"] == crf
+    pipe = LTX2ImageToVideoPipeline.from_pretrained(ltx_path)
+    pipe.set_progress_bar_config(disable=True)
+    ref = pipe(
+        image=Image.fromarray(pixels), prompt=p["prompt"], negative_prompt=p["negative_prompt"], height=p["height"],
+        width=p["width"], num_frames=p["num_frames"], frame_rate=p["fps"], num_inference_steps=p["num_inference_steps"],
+        guidance_scale=p["guidance_scale"], stg_scale=p["stg_scale"], modality_scale=p["modality_scale"],
+        guidance_rescale=p["guidance_rescale"], audio_guidance_scale=p["audio_guidance_scale"],
+        audio_stg_scale=p["audio_stg_scale"], audio_modality_scale=p["audio_modality_scale"],
+        audio_guidance_rescale=p["audio_guidance_rescale"], spatio_temporal_guidance_blocks=p["spatio_temporal_guidance_blocks"],
+        max_sequence_length=p["max_sequence_length"], image_crf=crf, generator=torch.Generator().manual_seed(5),
+        output_type="np",
+    )  # fmt: skip
+    assert np.abs(ref.frames[0] - ours.frames).max() <= 1e-5
+    assert np.abs(ref.audio[0].float().numpy() - ours.audio.samples).max() <= 1e-5
+
+
+def test_image_tasks_need_exactly_one_image(ltx_host, ltx_path):
+    model = fv_core.load("ltx2-tiny", ltx_path, host=ltx_host)
+    with pytest.raises(fv_core.ConfigError, match="conditions on exactly one image.*has 0"):
+        model.generate(task="i2av", prompt="a red ball", num_inference_steps=2)

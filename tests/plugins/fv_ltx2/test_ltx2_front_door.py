@@ -100,6 +100,7 @@ def test_c0_components_equal_the_pipelines(model, pipe):
         ({"max_sequence_length": 200}, r"max_sequence_length=200 must be a multiple of 128.*Fix: use 128"),
         ({"fps": 0}, r"fps: Input should be greater than 0"),
         ({"num_frames": 129}, r"num_frames=129 exceeds this card's max_frames=121"),
+        ({"num_inference_steps": 1}, r"runs 2..200 steps; got 1"),  # one step stretches to a NaN sigma
     ],
 )
 def test_bad_input_names_the_value_the_rule_and_the_fix(model, params, match):
@@ -161,6 +162,11 @@ def test_cli_writes_an_mp4_with_sound_and_a_wav(ltx_host, ltx_path, tmp_path, mo
     assert main([*args, "-o", str(out), "--audio-out", str(wav)]) == 0
     assert "Audio: aac" in streams(out) and wav.stat().st_size > 1000
     assert main([*args, "--frames", "10"]) == 2
+    from PIL import Image
+
+    Image.fromarray(np.full((64, 64, 3), 200, np.uint8)).save(tmp_path / "first.png")
+    assert main([*args, "--image", str(tmp_path / "first.png"), "-o", str(tmp_path / "i2av.mp4")]) == 0
+    assert json.loads((tmp_path / "i2av.json").read_text())["task"] == "i2av"  # the image picked the task
 
 
 def test_the_server_returns_the_mp4_with_sound(ltx_host, ltx_path, tmp_path):
@@ -182,3 +188,16 @@ def test_the_server_returns_the_mp4_with_sound(ltx_host, ltx_path, tmp_path):
         assert "Audio: aac" in streams(tmp_path / "dog.mp4")
         with pytest.raises(openai.BadRequestError, match="num_frames=10 must be 8k"):
             client.videos.create(prompt="a dog", extra_body={"num_frames": 10})
+        import io
+
+        from PIL import Image
+
+        png = io.BytesIO()
+        Image.fromarray(np.full((64, 64, 3), 90, np.uint8)).save(png, format="PNG")
+        job = client.videos.create_and_poll(
+            prompt="a dog", size="64x64", input_reference=("first.png", png.getvalue(), "image/png"),
+            extra_body={"num_inference_steps": 2},
+        )  # fmt: skip
+        assert job.status == "completed", job
+        recorded = json.loads(server.service.store.video_path(job.id).with_suffix(".json").read_text())
+        assert recorded["task"] == "i2av" and recorded["parts"] == ["image"]

@@ -19,7 +19,7 @@ from fv_core import (
     WorkUnitKind,
 )
 
-TASKS = {"t2av", "t2av-two-stage"}
+TASKS = {"t2av", "t2av-two-stage", "i2av"}
 # The sigmas LTX-2's distilled weights were made for (8 steps; diffusers' DISTILLED_SIGMA_VALUES), and
 # the refine stage's subset (diffusers' STAGE_2_DISTILLED_SIGMA_VALUES).
 DISTILLED_SIGMAS = [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875]
@@ -96,7 +96,7 @@ def ltx2_card(
     default_weights: str | None = None,
     interceptors: frozenset[str] = frozenset({"step_skip", "block_skip"}),
 ) -> ModelCard:
-    def denoise(factory: str) -> LoopSpec:
+    def denoise(factory: str, **kw) -> LoopSpec:
         return LoopSpec(
             kind=LoopKind.DIFFUSION_DENOISE,
             work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
@@ -104,9 +104,10 @@ def ltx2_card(
             components=[n for n in LAYOUT if n != "latent_upsampler"],
             cache_policy=["text_embeddings"],
             step_cost=cost,
-            steps=StepsContract(min_steps=1, max_steps=200),
+            # LTX-2's schedule stretches to a terminal sigma: one step would divide by zero (NaN frames)
+            steps=StepsContract(min_steps=2, max_steps=200),
             samplers=["euler"],
-            params="fv_ltx2.params:LTX2Params",
+            **{"params": "fv_ltx2.params:LTX2Params", **kw},
         )
 
     loops = {
@@ -117,7 +118,13 @@ def ltx2_card(
             loop_factory="fv_ltx2.loop:LTX2UpsampleLoop",
             components=["latent_upsampler"],
         ),
-        "refine": denoise("fv_ltx2.loop:LTX2RefineLoop"),
+        "refine": denoise("fv_ltx2.loop:LTX2RefineLoop", variant_of="t2av"),
+        "i2av": denoise(
+            "fv_ltx2.loop:LTX2ImageLoop",
+            variant_of="t2av",
+            accepts=["image"],
+            params="fv_ltx2.params:LTX2ImageParams",
+        ),
     }
     merged = {**BASE_DEFAULTS, **defaults}
     programs = {
@@ -134,6 +141,15 @@ def ltx2_card(
             defaults={**merged, "refine_sigmas": REFINE_SIGMAS, "refine_noise_scale": None},
             outputs=["video", "audio"],
             description="base at half size, latent upsampler x2, refine on fixed sigmas with guidance off",
+        ),
+        "i2av": ProgramSpec(
+            stages=["i2av"],
+            defaults={
+                **merged,
+                "image_crf": 33,
+            },  # the compression LTX-2 (Gemma 3 generation) was trained with
+            outputs=["video", "audio"],
+            description="image (the first frame) and text to video with sound",
         ),
     }
     return ModelCard(

@@ -59,7 +59,8 @@ def denoise_body(transformer, statics: dict[str, Any], branch: str, inputs: dict
         encoder_hidden_states=inputs["video_text"],
         audio_encoder_hidden_states=inputs["audio_text"],
         timestep=inputs["timestep"],
-        sigma=inputs["timestep"],
+        audio_timestep=inputs.get("audio_timestep"),
+        sigma=inputs.get("audio_timestep", inputs["timestep"]),
         encoder_attention_mask=inputs["text_mask"],
         audio_encoder_attention_mask=inputs["text_mask"],
         video_coords=inputs["video_coords"],
@@ -357,7 +358,7 @@ class LTX2Loop:
             "video_text": t["video_text"][text],
             "audio_text": t["audio_text"][text],
             "text_mask": t["text_mask"][text],
-            "timestep": t["timesteps"][state.step].expand(rows),
+            **self._timesteps(t, state.step, rows),
             "video_coords": t["video_coords"].repeat((rows,) + (1,) * (t["video_coords"].ndim - 1)),
             "audio_coords": t["audio_coords"].repeat((rows,) + (1,) * (t["audio_coords"].ndim - 1)),
             BLOCKS_INPUT: None,  # block-structured body: the runner may attach a block hook here
@@ -381,6 +382,15 @@ class LTX2Loop:
             label=f"denoise {state.step + 1}/{state.total_steps} ({branch})",
         )
 
+    @staticmethod
+    def _timesteps(t: dict[str, torch.Tensor], step: int, rows: int) -> dict[str, torch.Tensor]:
+        """The step's timestep per row; with a conditioning mask, per video token (conditioned tokens at
+        0) and the row's own for audio."""
+        timestep = t["timesteps"][step].expand(rows)
+        if "conditioning_mask" not in t:
+            return {"timestep": timestep}
+        return {"timestep": timestep.unsqueeze(-1) * (1 - t["conditioning_mask"]), "audio_timestep": timestep}
+
     def _combine_and_step(self, state: LoopState) -> None:
         """Combine the branches in x0 space per modality, then one Euler step of both latents."""
         t, v, i = state.tensors, state.values, state.step
@@ -401,7 +411,10 @@ class LTX2Loop:
             if factor > 0:
                 guided = rescale(guided, x0, factor)
             velocity = (sample - guided) / sigma
-            t[key] = (sample.to(torch.float32) + (sigma_next - sigma) * velocity).to(velocity.dtype)
+            stepped = (sample.to(torch.float32) + (sigma_next - sigma) * velocity).to(velocity.dtype)
+            if key == "latents" and "conditioning_mask" in t:  # conditioned tokens (the first frame) stay
+                stepped = torch.where(t["conditioning_mask"].bool().unsqueeze(-1), sample, stepped)
+            t[key] = stepped
         for branch in v["branches"]:
             del t[f"{branch}.video"], t[f"{branch}.audio"]
         state.step += 1
@@ -510,3 +523,86 @@ class LTX2UpsampleLoop:
         return LoopResult(
             {"latents": state.tensors["latents"], "audio_latents": state.tensors["audio_latents"]}
         )
+
+
+def encode_image_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The VAE's latent mode of images [B, 3, H, W] in -1..1, as one-frame videos."""
+    return {"latents": vae.encode(inputs["image"].to(vae.dtype).unsqueeze(2)).latent_dist.mode()}
+
+
+class LTX2ImageLoop(LTX2Loop):
+    """``i2av``: the video's first frame is the request's image. The image is re-compressed as LTX-2 was
+    trained (H.264 at ``image_crf``), resized, VAE-encoded; its latent frame stays clean (its tokens
+    denoise at timestep 0 and are never stepped) while the rest starts from noise."""
+
+    def init(self, request, instance=None, ctx=None) -> LoopState:
+        images = [part for part in request.parts if part.kind == "image"]
+        if len(images) != 1:
+            raise ConfigError(
+                f"task {request.task!r} conditions on exactly one image; request {request.request_id!r} has "
+                f"{len(images)}. Fix: pass one image (CLI --image PATH, HTTP input_reference)."
+            )
+        state = super().init(request, instance, ctx)
+        state.tensors["image"] = self._preprocess(images[0].image, request.params)
+        if state.values["phase"] == "denoise":  # the prompt rows were cached: the image is next
+            state.values["phase"] = "encode_image"
+        return state
+
+    def next(self, state: LoopState) -> WorkPlan | Done:
+        if state.values["phase"] == "encode_image":
+            return self._encode_image_plan(state, str(self.instance.dtype).removeprefix("torch."))
+        return super().next(state)
+
+    def advance(self, state: LoopState, result: StepResult) -> LoopState:
+        if state.values["phase"] == "encode_image":
+            self._condition(state, result.outputs["latents"])
+            return state
+        state = super().advance(state, result)
+        if state.values["phase"] == "denoise" and "image" in state.tensors:  # text encoded: the image next
+            state.values["phase"] = "encode_image"
+        return state
+
+    def _preprocess(self, image, p) -> torch.Tensor:
+        """[1, 3, H, W] in -1..1: H.264 re-compressed at ``image_crf`` and resized as diffusers does."""
+        import numpy as np
+        from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf
+        from diffusers.video_processor import VideoProcessor
+        from PIL import Image
+
+        pixels = (np.clip(image, 0, 1) * 255).round().astype(np.uint8)
+        pil = Image.fromarray(apply_image_conditioning_crf(pixels, p.image_crf) if p.image_crf else pixels)
+        vae = self.instance.component("vae")
+        processor = VideoProcessor(vae_scale_factor=vae.spatial_compression_ratio, resample="bilinear")
+        return processor.preprocess(pil, height=p.height, width=p.width).to(torch.float32)
+
+    def _encode_image_plan(self, state: LoopState, precision: str) -> WorkPlan:
+        inst, image = self.instance, state.tensors["image"]
+        return WorkPlan(
+            kind=WorkUnitKind.VAE_TILE,
+            body=partial(encode_image_body, inst.component("vae")),
+            inputs={"image": image},
+            batch_key=BatchKey(f"{inst.instance_id}/vae", "vae_encode", tuple(image.shape[1:]), precision),
+            label="encode image",
+        )
+
+    def _condition(self, state: LoopState, image_latents: torch.Tensor) -> None:
+        """The first latent frame becomes the image's (normalized) latents; the mask marks its tokens."""
+        inst, t = self.instance, state.tensors
+        vae, transformer = inst.component("vae"), inst.component("transformer")
+        shape = (1, -1, 1, 1, 1)
+        mean, std = (
+            vae.latents_mean.view(shape).to(image_latents),
+            vae.latents_std.view(shape).to(image_latents),
+        )
+        frames, height, width = state.values["grid"]
+        clean = ((image_latents.float() - mean) * vae.config.scaling_factor / std).repeat(1, 1, frames, 1, 1)
+        mask = torch.zeros((1, 1, frames, height, width), dtype=clean.dtype)
+        mask[:, :, 0] = 1.0
+        patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
+        noise = unpack(
+            t["latents"], frames, height, width, patch, patch_t
+        )  # drawn at init, as diffusers draws it
+        t["latents"] = pack(clean * mask + noise * (1 - mask), patch, patch_t)
+        t["conditioning_mask"] = pack(mask, patch, patch_t).squeeze(-1)
+        del t["image"]
+        state.values["phase"] = "denoise"

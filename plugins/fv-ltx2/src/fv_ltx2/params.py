@@ -141,3 +141,11 @@ class LTX2TwoStageParams(LTX2Params):
                     f"a multiple of 32). Fix: use {max(64, value // 64 * 64)}",
                     param=name,
                 )
+
+
+class LTX2ImageParams(LTX2Params):
+    """``i2av``: the first frame is the request's image part."""
+
+    image_crf: int = Field(
+        ge=0, le=51, description="H.264 CRF the image is re-compressed at before encoding (0: as given)"
+    )

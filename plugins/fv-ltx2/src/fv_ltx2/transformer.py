@@ -35,7 +35,12 @@ def forward_blocks(m, hook: BlockHook | None, branch: str, inputs: dict[str, Any
             "keyframe embeddings. Fix: disable the block interceptor for this model."
         )
     video, audio = inputs["latents"], inputs["audio_latents"]
-    timestep, rows, dtype = inputs["timestep"], video.shape[0], video.dtype
+    timestep, rows, dtype = (
+        inputs["timestep"],
+        video.shape[0],
+        video.dtype,
+    )  # per video token when conditioned
+    audio_timestep = inputs.get("audio_timestep", timestep)  # also the sigma of both modalities
     text_bias = _text_bias(inputs["text_mask"], video.dtype)
     video_coords, audio_coords = inputs["video_coords"], inputs["audio_coords"]
     rope = dict(
@@ -47,9 +52,12 @@ def forward_blocks(m, hook: BlockHook | None, branch: str, inputs: dict[str, Any
     video, audio = m.proj_in(video), m.audio_proj_in(audio)
     gate_factor = m.config.cross_attn_timestep_scale_multiplier / m.config.timestep_scale_multiplier
     temb, video_embedded = m.time_embed(timestep.flatten(), batch_size=rows, hidden_dtype=dtype)
-    temb_audio, audio_embedded = m.audio_time_embed(timestep.flatten(), batch_size=rows, hidden_dtype=dtype)
-    # one timestep (and sigma) for both modalities in text-to-video, so use_cross_timestep changes nothing
-    t = timestep.flatten()
+    temb_audio, audio_embedded = m.audio_time_embed(
+        audio_timestep.flatten(), batch_size=rows, hidden_dtype=dtype
+    )
+    sigma = audio_timestep.flatten()
+    video_ca = sigma if statics["use_cross_timestep"] else timestep.flatten()
+    audio_ca = sigma
     text, audio_text = inputs["video_text"], inputs["audio_text"]
     if m.config.use_prompt_embeddings:
         text = m.caption_projection(text).view(rows, -1, video.size(-1))
@@ -59,10 +67,10 @@ def forward_blocks(m, hook: BlockHook | None, branch: str, inputs: dict[str, Any
         audio_encoder_hidden_states=audio_text,
         temb=temb.view(rows, -1, temb.size(-1)),
         temb_audio=temb_audio.view(rows, -1, temb_audio.size(-1)),
-        temb_ca_scale_shift=_modulation(m.av_cross_attn_video_scale_shift, t, rows, dtype),
-        temb_ca_audio_scale_shift=_modulation(m.av_cross_attn_audio_scale_shift, t, rows, dtype),
-        temb_ca_gate=_modulation(m.av_cross_attn_video_a2v_gate, t * gate_factor, rows, dtype),
-        temb_ca_audio_gate=_modulation(m.av_cross_attn_audio_v2a_gate, t * gate_factor, rows, dtype),
+        temb_ca_scale_shift=_modulation(m.av_cross_attn_video_scale_shift, video_ca, rows, dtype),
+        temb_ca_audio_scale_shift=_modulation(m.av_cross_attn_audio_scale_shift, audio_ca, rows, dtype),
+        temb_ca_gate=_modulation(m.av_cross_attn_video_a2v_gate, video_ca * gate_factor, rows, dtype),
+        temb_ca_audio_gate=_modulation(m.av_cross_attn_audio_v2a_gate, audio_ca * gate_factor, rows, dtype),
         temb_prompt=None,
         temb_prompt_audio=None,
         encoder_attention_mask=text_bias,
