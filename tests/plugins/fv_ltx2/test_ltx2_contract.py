@@ -104,7 +104,8 @@ class TestCardBuiltFromAFolder(CardContract):
 
 def test_two_stages_equal_diffusers_chain(ltx_host, ltx_path):
     """t2av-two-stage == LTX2Pipeline (half size, latents) -> LTX2LatentUpsamplePipeline -> LTX2Pipeline
-    refine (fixed sigmas, no dynamic shift, re-noised to the first sigma, guidance off), same seed per call."""
+    refine with the distilled LoRA loaded (fixed sigmas, no dynamic shift, re-noised to the first sigma,
+    guidance off), same seed per call."""
     import numpy as np
     from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline
     from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
@@ -136,6 +137,10 @@ def test_two_stages_equal_diffusers_chain(ltx_host, ltx_path):
     pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(
         config, use_dynamic_shifting=False, shift_terminal=None
     )
+    pipe.load_lora_weights(
+        ltx_path, weight_name="ltx-2-19b-distilled-lora-384.safetensors", adapter_name="refine"
+    )
+    pipe.set_adapters("refine", 1.0)
     sigmas = p["refine_sigmas"]
     ref = pipe(
         p["prompt"], latents=video, audio_latents=audio, height=128, width=128, num_inference_steps=len(sigmas),
@@ -145,6 +150,14 @@ def test_two_stages_equal_diffusers_chain(ltx_host, ltx_path):
     )  # fmt: skip
     assert np.abs(ref.frames[0] - ours.frames).max() <= 1e-5
     assert np.abs(ref.audio[0].float().numpy() - ours.audio.samples).max() <= 1e-5
+    pipe.disable_lora()  # without the LoRA the refine is another video: the LoRA is really applied
+    plain = pipe(
+        p["prompt"], latents=video, audio_latents=audio, height=128, width=128, num_inference_steps=len(sigmas),
+        sigmas=sigmas, noise_scale=sigmas[0], guidance_scale=1.0, stg_scale=0.0, modality_scale=1.0,
+        audio_guidance_scale=1.0, audio_stg_scale=0.0, audio_modality_scale=1.0,
+        generator=torch.Generator().manual_seed(3), output_type="np", **common,
+    )  # fmt: skip
+    assert np.abs(plain.frames[0] - ours.frames).max() > 1e-3
 
 
 def test_two_stage_sizes_must_halve_to_the_vae_grid(ltx_host, ltx_path):

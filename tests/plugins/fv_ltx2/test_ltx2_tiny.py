@@ -21,7 +21,13 @@ MODEL_FOLDERS = (
     "vocoder",
     "latent_upsampler",
 )
-LAYOUT = {"model_index.json", "scheduler", "tokenizer", *MODEL_FOLDERS}
+LAYOUT = {
+    "model_index.json",
+    "scheduler",
+    "tokenizer",
+    "ltx-2-19b-distilled-lora-384.safetensors",
+    *MODEL_FOLDERS,
+}
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"}
 
 # Smallest run the real LTX-2 geometry allows: 64x64 is 2x2 latents (a 1x1 latent breaks the VAE decoder's

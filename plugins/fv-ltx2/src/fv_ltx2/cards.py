@@ -71,7 +71,7 @@ CLASSES = {
 def components(config: dict[str, dict] | None = None) -> dict[str, ComponentSpec]:
     """The LTX-2 components; ``config``: what each component's config must hold (default: its class)."""
     config = config if config is not None else CLASSES
-    return {
+    specs = {
         name: ComponentSpec(
             kind=kind,
             load_id=load_id,
@@ -81,6 +81,13 @@ def components(config: dict[str, dict] | None = None) -> dict[str, ComponentSpec
         )
         for name, (kind, load_id) in LAYOUT.items()
     }
+    specs["refine_lora"] = ComponentSpec(  # the distilled LoRA the refine stage runs with, when shipped
+        kind="lora",
+        load_id="diffusers.loaders.lora_pipeline:LTX2LoraLoaderMixin",
+        subfolder="ltx-2-19b-distilled-lora-384.safetensors",
+        optional_for={"t2av-two-stage"},
+    )
+    return specs
 
 
 def ltx2_card(

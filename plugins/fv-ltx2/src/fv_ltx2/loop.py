@@ -53,7 +53,33 @@ def denoise_body(transformer, statics: dict[str, Any], branch: str, inputs: dict
     if hook is not None:
         video, audio = forward_blocks(transformer, hook, branch, inputs, statics)
         return {"video": video.float(), "audio": audio.float()}
-    video, audio = transformer(
+    video, audio = transformer(**_call(inputs, statics))
+    return {"video": video.float(), "audio": audio.float()}
+
+
+def lora_denoise_body(
+    transformer,
+    weights: dict[str, torch.Tensor],
+    statics: dict[str, Any],
+    branch: str,
+    inputs: dict[str, Any],
+) -> dict[str, Any]:
+    """:func:`denoise_body` on the transformer with ``weights`` (LoRA-merged) in place of its own, for this
+    call only (``torch.func.functional_call``): the shared module's parameters are not changed."""
+    if inputs.get(BLOCKS_INPUT) is not None:
+        raise ConfigError(
+            "block interceptors do not drive the LoRA-refined stage of t2av-two-stage. Fix: disable the block "
+            "interceptor for two-stage requests, or run t2av."
+        )
+    video, audio = torch.func.functional_call(
+        transformer, weights, args=(), kwargs=_call(inputs, statics), strict=False
+    )
+    return {"video": video.float(), "audio": audio.float()}
+
+
+def _call(inputs: dict[str, Any], statics: dict[str, Any]) -> dict[str, Any]:
+    """The transformer's keyword arguments for a plan's inputs."""
+    return dict(
         hidden_states=inputs["latents"],
         audio_hidden_states=inputs["audio_latents"],
         encoder_hidden_states=inputs["video_text"],
@@ -68,7 +94,6 @@ def denoise_body(transformer, statics: dict[str, Any], branch: str, inputs: dict
         return_dict=False,
         **statics,
     )
-    return {"video": video.float(), "audio": audio.float()}
 
 
 def decode_video_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -369,10 +394,10 @@ class LTX2Loop:
             "spatio_temporal_guidance_blocks": v["stg_blocks"] if branch == "stg" else None,
         }
         shapes = tuple(tuple(x.shape[1:]) for x in inputs.values() if x is not None)
-        graph = f"{branch}:{sorted(statics.items(), key=str)}"
+        graph = f"{type(self).__name__}:{branch}:{sorted(statics.items(), key=str)}"
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(denoise_body, inst.component("transformer"), statics, branch),
+            body=self._denoise(statics, branch),
             inputs=inputs,
             batch_key=BatchKey(
                 f"{inst.instance_id}/transformer", "diffusion_denoise", shapes, precision, graph_key=graph
@@ -390,6 +415,10 @@ class LTX2Loop:
         if "conditioning_mask" not in t:
             return {"timestep": timestep}
         return {"timestep": timestep.unsqueeze(-1) * (1 - t["conditioning_mask"]), "audio_timestep": timestep}
+
+    def _denoise(self, statics: dict[str, Any], branch: str):
+        """The step body of one branch call."""
+        return partial(denoise_body, self.instance.component("transformer"), statics, branch)
 
     def _combine_and_step(self, state: LoopState) -> None:
         """Combine the branches in x0 space per modality, then one Euler step of both latents."""
@@ -455,6 +484,13 @@ class LTX2RefineLoop(LTX2Loop):
     dynamic shift, no terminal stretch) with guidance off, then decodes video and audio."""
 
     schedule_overrides = {"use_dynamic_shifting": False, "shift_terminal": None}
+
+    def _denoise(self, statics: dict[str, Any], branch: str):
+        """With the card's refine LoRA shipped in the folder, the transformer runs with it merged."""
+        weights = self.instance.refine_weights()
+        if not weights:
+            return super()._denoise(statics, branch)
+        return partial(lora_denoise_body, self.instance.component("transformer"), weights, statics, branch)
 
     def _sizes(self, request) -> tuple[tuple[int, int, int], int]:
         video, audio = request.carry["latents"], request.carry["audio_latents"]

@@ -50,6 +50,7 @@ class LTX2Model:
         self.weights_versions = {name: weights_fingerprint(self.weights, name) for name in WEIGHTED}
         self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
         self._components: dict[str, Any] = {}
+        self._refine: dict[str, torch.Tensor] | None = None  # transformer weights with the refine LoRA
         self._lock = threading.Lock()
 
     def component(self, name: str) -> Any:
@@ -61,6 +62,41 @@ class LTX2Model:
                     module.to(self.device) if isinstance(module, torch.nn.Module) else module
                 )
             return self._components[name]
+
+    def refine_weights(self) -> dict[str, torch.Tensor]:
+        """The transformer weights with the card's refine LoRA merged in (``W + alpha/r * B @ A`` per
+        adapted projection), computed once; empty when the folder ships no refine LoRA."""
+        transformer = self.component("transformer")
+        with self._lock:
+            if self._refine is None:
+                self._refine = self._merge_lora(transformer)
+            return self._refine
+
+    def _merge_lora(self, transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
+        from diffusers.loaders.lora_pipeline import LTX2LoraLoaderMixin
+
+        spec = self.card.components.get("refine_lora")
+        file = self.weights / spec.subfolder if spec is not None and spec.subfolder else None
+        if file is None or not file.is_file():
+            return {}
+        state = LTX2LoraLoaderMixin.lora_state_dict(str(file), use_safetensors=True)
+        if any(not k.startswith("transformer.") for k in state):
+            raise ConfigError(
+                f"{file.name} adapts more than the transformer ({sorted({k.split('.')[0] for k in state})}); fv "
+                "merges transformer LoRAs only. Fix: use a LoRA of the transformer."
+            )
+        weights = dict(transformer.named_parameters())
+        merged = {}
+        for key, down in state.items():
+            if not key.endswith(".lora_A.weight"):
+                continue
+            module = key.removeprefix("transformer.").removesuffix(".lora_A.weight")
+            up = state[f"transformer.{module}.lora_B.weight"]
+            alpha = state.get(f"transformer.{module}.alpha")
+            scale = float(alpha) / down.shape[0] if alpha is not None else 1.0
+            base = weights[f"{module}.weight"]
+            merged[f"{module}.weight"] = base + scale * (up.to(base) @ down.to(base))
+        return merged
 
     def loaded(self) -> list[str]:
         """Names of the resident components."""

@@ -33,11 +33,13 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from fv_core.weights import cache_dir, materialize
 
 TINY_ID = "ltx-2-tiny"
-TINY_VERSION = "v1"  # bump when the configs, vocabulary or seed below change
+TINY_VERSION = "v2"  # bump when the configs, vocabulary or seed below change
+REFINE_LORA = "ltx-2-19b-distilled-lora-384.safetensors"  # the file name Lightricks/LTX-2 ships
 SEED = 20250102
 
 # FlowMatchEulerDiscreteScheduler arguments LTX-2 (non-distilled) ships; the rest are class defaults
@@ -360,6 +362,7 @@ def write_tiny_checkpoint(folder: Path, transformer: dict | None = None, seed: i
         audio_vae = AutoencoderKLLTX2Audio(**TINY_AUDIO_VAE)
         vocoder = LTX2Vocoder(**TINY_VOCODER)
         latent_upsampler = LTX2LatentUpsamplerModel(**TINY_LATENT_UPSAMPLER)
+        lora = distilled_lora(dit)
     pipe = LTX2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**LTX2_SCHEDULER),
         vae=vae,
@@ -373,6 +376,18 @@ def write_tiny_checkpoint(folder: Path, transformer: dict | None = None, seed: i
     pipe.save_pretrained(folder, safe_serialization=True)
     # Not a pipeline component: LTX-2 ships it for the two-stage (upsample + refine) workflow.
     latent_upsampler.save_pretrained(folder / "latent_upsampler", safe_serialization=True)
+    save_file(lora, folder / REFINE_LORA)  # at the top level, where Lightricks/LTX-2 ships its refine LoRA
+
+
+def distilled_lora(dit, rank: int = 4) -> dict:
+    """A random rank-``rank`` LoRA on every attention projection, keyed as LTX-2's own LoRA files are
+    (``diffusion_model.<module>.lora_A/B.weight``); it stands in for the distilled refine LoRA."""
+    lora = {}
+    for name, module in dit.named_modules():
+        if name.endswith((".to_q", ".to_k", ".to_v", ".to_out.0")) and ".transformer_blocks." in f".{name}":
+            lora[f"diffusion_model.{name}.lora_A.weight"] = torch.randn(rank, module.in_features) * 0.02
+            lora[f"diffusion_model.{name}.lora_B.weight"] = torch.randn(module.out_features, rank) * 0.02
+    return lora
 
 
 def gemma_tokenizer():
