@@ -49,7 +49,7 @@ class DeploymentCard(Strict):
     models: list[ModelDeploy] = Field(min_length=1)
     limits: Limits | None = Field(default_factory=Limits)  # None: no per-request caps (a replay's own plan)
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # plugin -> options
-    data_dir: str = "fv-data"  # jobs database and artifacts
+    data_dir: str | None = None  # jobs database and artifacts; None: $FV_DATA_DIR or the user's data dir
 
     def model(self, name: str) -> ModelDeploy:
         for m in self.models:

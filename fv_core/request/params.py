@@ -11,9 +11,10 @@ rules that need the card (its step contract, samplers, sizes) in :meth:`Params.c
 
 from __future__ import annotations
 
+import typing
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     from fv_core.card.spec import ModelCard
@@ -28,8 +29,24 @@ class Params(BaseModel):
 
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seeds the request's noise; same seed, same output")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, data: Any) -> Any:
+        return refuse_booleans(cls, data)
+
     def check(self, card: ModelCard, loop_id: str) -> None:
         """Rules that depend on ``card`` (raise ConfigError naming the value, the rule and the fix)."""
+
+
+def refuse_booleans(model: type[BaseModel], data: Any) -> Any:
+    """Raise for ``true``/``false`` given to a number field (pydantic would read them as 1 and 0)."""
+    if isinstance(data, dict):
+        for name, value in data.items():
+            info = model.model_fields.get(name)
+            kinds = {info.annotation, *typing.get_args(info.annotation)} if info is not None else set()
+            if isinstance(value, bool) and kinds & {int, float} and bool not in kinds:
+                raise ValueError(f"{name}={value!r} is a boolean; {name} takes a number. Fix: send a number")
+    return data
 
 
 def field_extra(params: type[BaseModel], name: str, key: str, default: Any = None) -> Any:

@@ -1,8 +1,10 @@
 """The FastAPI app: OpenAI-shaped video and image endpoints, models, health and metrics.
 
 Every error is answered as ``{"error": {message, type, param, code}}``:
-400 bad or over-limit input, 401 bad API key, 404 unknown model or video,
-409 content not ready, 422 schema violations, 429 full queue (Retry-After).
+400 bad or over-limit input and schema violations (as OpenAI answers them), 401 bad API key,
+404 unknown model or video, 409 content not ready, 413 body too large, 429 full queue (Retry-After).
+OpenAI fields fv does not use (``user``, ``quality``, ...) are accepted and ignored, and named in
+the ``x-fv-ignored-fields`` response header.
 Unexpected failures answer 500 without a stack trace.
 """
 
@@ -30,9 +32,10 @@ from fv_core.deploy.card import DeploymentCard
 from fv_core.errors import error_field, explain
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.registry import resolve_lazy
-from fv_core.serving.jobs import JobStore
+from fv_core.serving.jobs import JobStore, default_data_dir
 from fv_core.serving.metrics import CONTENT_TYPE, Metrics
 from fv_core.serving.schemas import (
+    IGNORED_FIELDS,
     ErrorBody,
     ErrorDetail,
     ImageBase,
@@ -51,8 +54,10 @@ from fv_core.serving.service import ApiError, Service
 
 log = logging.getLogger("fv.serving")
 POLL_AFTER_MS = "200"  # hint for the openai client's create_and_poll
+MAX_BODY_BYTES = 25 * 2**20  # a request body (with an uploaded image) is read up to this size
+MAX_DEPTH = 8  # JSON nesting a body may have (plugin_options is 2 deep)
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 422, 429)
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 429)
 }
 _FORM_KEY = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")
 
@@ -76,7 +81,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = JobStore(data_dir or deploy.data_dir)
+        store = JobStore(data_dir or deploy.data_dir or default_data_dir())
         service = Service(deploy, plugins, store, metrics, device)
         try:
             await service.start()
@@ -138,8 +143,10 @@ def _v1_router(api_key: str | None, video_body: type[Strict], image_body: type[S
     router = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS)
 
     @router.post("/videos", response_model=Video, openapi_extra=_body_doc(video_body))
-    async def create_video(request: Request, service: Service = Depends(_service)) -> Video:
-        body = _validate(video_body, await _read_body(request))
+    async def create_video(
+        request: Request, response: Response, service: Service = Depends(_service)
+    ) -> Video:
+        body = _validate(video_body, _drop_ignored(await _read_body(request), response))
         return await service.create_video(body)  # type: ignore[arg-type]
 
     @router.get("/videos", response_model=VideoList)
@@ -187,8 +194,10 @@ def _v1_router(api_key: str | None, video_body: type[Strict], image_body: type[S
         return VideoDeleted(id=video_id)
 
     @router.post("/images/generations", response_model=ImagesResponse, openapi_extra=_body_doc(image_body))
-    async def generate_images(request: Request, service: Service = Depends(_service)) -> ImagesResponse:
-        body: Any = _validate(image_body, await _read_body(request))
+    async def generate_images(
+        request: Request, response: Response, service: Service = Depends(_service)
+    ) -> ImagesResponse:
+        body: Any = _validate(image_body, _drop_ignored(await _read_body(request), response))
         images = await service.generate_images(body)
         return ImagesResponse(
             created=int(time.time()), data=[ImageData(b64_json=b) for b in images], size=body.size
@@ -227,8 +236,33 @@ def _body_doc(model: type[Strict]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": content}}
 
 
+def _drop_ignored(data: dict[str, Any], response: Response) -> dict[str, Any]:
+    """The body without the OpenAI fields fv ignores; the response names them (``x-fv-ignored-fields``)."""
+    ignored = sorted(IGNORED_FIELDS & set(data))
+    if ignored:
+        response.headers["x-fv-ignored-fields"] = ", ".join(ignored)
+        log.warning("ignored OpenAI fields %s", ignored)
+    return {k: v for k, v in data.items() if k not in IGNORED_FIELDS}
+
+
+def _depth(value: Any) -> int:
+    """How deeply dicts and lists nest in ``value``."""
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
 async def _read_body(request: Request) -> dict[str, Any]:
-    """A JSON object or a (multipart / urlencoded) form, with ``a[b][c]`` form keys nested."""
+    """A JSON object or a (multipart / urlencoded) form, with ``a[b][c]`` form keys nested; at most
+    ``MAX_BODY_BYTES`` and ``MAX_DEPTH`` levels of nesting."""
+    size = int(request.headers.get("content-length") or 0)
+    if size > MAX_BODY_BYTES:
+        raise ApiError(
+            413, f"body is {size} bytes; at most {MAX_BODY_BYTES} are read. Fix: send a smaller body (or image).",
+            "body_too_large",
+        )  # fmt: skip
     kind = request.headers.get("content-type", "")
     if kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         try:
@@ -236,12 +270,23 @@ async def _read_body(request: Request) -> dict[str, Any]:
         except Exception as exc:  # malformed multipart: the client's fault
             raise ApiError(400, f"unreadable form body: {exc}", "invalid_body") from None
         return _nest([(k, v) for k, v in form.multi_items()])
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(
+            413, f"body is over {MAX_BODY_BYTES} bytes. Fix: send a smaller body.", "body_too_large"
+        )
     try:
-        data = json.loads(await request.body())
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(
             400, f"body is not valid JSON ({exc}). Fix: send a JSON object.", "invalid_json"
         ) from None
+    except RecursionError:
+        data = None
+    if data is None or _depth(data) > MAX_DEPTH:
+        raise ApiError(
+            400, f"body nests deeper than {MAX_DEPTH} levels. Fix: send a flat JSON object.", "invalid_json"
+        )
     if not isinstance(data, dict):
         raise ApiError(400, f"body must be a JSON object; got {type(data).__name__}.", "invalid_json")
     return data
@@ -269,8 +314,8 @@ def _nest(items: list[tuple[str, str | UploadFile]]) -> dict[str, Any]:
 def _validate(model: type[Strict], data: dict[str, Any]) -> Strict:
     try:
         return model.model_validate(data)
-    except ValidationError as exc:
-        raise ApiError(422, *_describe(exc, model)) from None
+    except ValidationError as exc:  # 400, as OpenAI answers schema violations
+        raise ApiError(400, *_describe(exc, model)) from None
 
 
 def _describe(exc: Any, model: type[Strict] | None = None) -> tuple[str, str, str | None]:
@@ -297,7 +342,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(422, *_describe(exc))
+        return _error(400, *_describe(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -8,13 +8,18 @@ are marked failed with the reason.
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import re
+import socket
 import sqlite3
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from fv_core.errors import ConfigError
 from fv_core.serving.schemas import JobError, Video
 
 ID_PATTERN = re.compile(r"^video_[0-9a-f]{32}$")
@@ -44,13 +49,25 @@ def new_job_id() -> str:
     return f"video_{uuid.uuid4().hex}"
 
 
+def default_data_dir() -> Path:
+    """``$FV_DATA_DIR``, else ``$XDG_DATA_HOME/fv``, else ``~/.local/share/fv`` (never the working directory)."""
+    if os.environ.get("FV_DATA_DIR"):
+        return Path(os.environ["FV_DATA_DIR"])
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "fv"
+
+
 class JobStore:
-    """The job table and artifact folder; used from the event loop thread only."""
+    """The job table and artifact folder; used from the event loop thread only.
+
+    A store holds an exclusive lock on its folder for its life (released by the OS when the process
+    dies, so a crashed server leaves no stale lock): a second server on the same data dir refuses to
+    start instead of failing the first one's jobs."""
 
     def __init__(self, data_dir: str | Path) -> None:
         self.root = Path(data_dir).resolve()
         self.videos = self.root / "videos"
         self.videos.mkdir(parents=True, exist_ok=True)
+        self._lock = self._take_lock()
         self.db = sqlite3.connect(self.root / "jobs.sqlite3", isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(_SCHEMA)
@@ -58,6 +75,28 @@ class JobStore:
 
     def close(self) -> None:
         self.db.close()
+        self._lock.close()  # releases the flock
+
+    def _take_lock(self) -> Any:
+        path = self.root / "server.lock"
+        handle = path.open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise ConfigError(
+                f"data dir {str(self.root)!r} is in use by {holder}. Fix: stop that server, or give this one "
+                "another data dir (--data-dir or the deploy's data_dir)."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(
+            json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": int(time.time())})
+        )
+        handle.flush()
+        return handle
 
     def _recover(self) -> int:
         """Fail the jobs a previous process left unfinished; returns how many."""

@@ -11,11 +11,18 @@ from __future__ import annotations
 from copy import copy
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from fv_core.request.params import refuse_booleans
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, data: Any) -> Any:
+        return refuse_booleans(cls, data)
 
 
 class VideoBase(Strict):
@@ -54,6 +61,19 @@ class ImageBase(Strict):
 
 # Body fields that are OpenAI's, not a card's request params.
 API_FIELDS = frozenset(VideoBase.model_fields) | frozenset(ImageBase.model_fields)
+# OpenAI fields other clients send that fv accepts and ignores (named in the x-fv-ignored-fields header).
+IGNORED_FIELDS = frozenset(
+    {
+        "user",
+        "quality",
+        "style",
+        "background",
+        "moderation",
+        "output_compression",
+        "output_format",
+        "partial_images",
+    }
+)
 
 
 def with_params(base: type[Strict], params: list[type[BaseModel]], name: str) -> type[Strict]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import openai
 import pytest
 
+from fv_core import ConfigError
 from fv_core.serving.jobs import JobStore, new_job_id
 from tests.serving.support import SMALL, ServerThread, tiny_deploy
 
@@ -48,3 +51,27 @@ def test_shutdown_fails_running_jobs_with_reason(host, tmp_path):
     job = store.get(video.id)
     store.close()
     assert job.status == "failed" and job.error.code == "cancelled" and "engine stopped" in job.error.message
+
+
+def test_a_second_server_on_the_same_data_dir_refuses_and_the_first_keeps_serving(host, tmp_path):
+    deploy = tiny_deploy(tmp_path)
+    with ServerThread(deploy, host) as first:
+        client = openai.OpenAI(base_url=f"{first.url}/v1", api_key="-", max_retries=0)
+        queued = client.videos.create(prompt="still mine", **SMALL)
+        with pytest.raises(
+            ConfigError, match=rf"data dir .* is in use by .*\"pid\": {os.getpid()}.*Fix: stop"
+        ):
+            JobStore(tmp_path)  # what a second `fv serve` on this data dir opens first
+        done = client.videos.poll(queued.id, poll_interval_ms=20)
+        assert done.status == "completed" and len(client.videos.download_content(done.id).read()) > 1000
+    JobStore(tmp_path).close()  # the lock went with the first server
+
+
+def test_the_default_data_dir_is_not_the_working_directory(monkeypatch, tmp_path):
+    from fv_core.serving.jobs import default_data_dir
+
+    monkeypatch.delenv("FV_DATA_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "share"))
+    assert default_data_dir() == tmp_path / "share" / "fv"
+    monkeypatch.setenv("FV_DATA_DIR", str(tmp_path / "mine"))
+    assert default_data_dir() == tmp_path / "mine"

@@ -72,8 +72,8 @@ def test_size_over_limit_and_card_rules(client):
     assert "multiple of 16" in info.value.message
 
 
-def test_schema_violations_are_422(server, client):
-    with pytest.raises(openai.UnprocessableEntityError) as info:
+def test_schema_violations_are_400_as_openai_answers_them(server, client):
+    with pytest.raises(openai.BadRequestError) as info:
         client.videos.create(prompt="a cat", extra_body={"num_frame": 5})
     assert "num_frame" in info.value.message and "unknown field" in info.value.message
     for body in (
@@ -81,15 +81,33 @@ def test_schema_violations_are_422(server, client):
         {"prompt": "x", "seed": -1},
         {"prompt": "x", "size": "big"},
         {"prompt": "x", "guidance_scale": "nan"},
+        {"prompt": "x", "num_frames": True},  # a boolean is not a number
     ):
-        err = error_of(httpx.post(f"{server.url}/v1/videos", json=body, headers=AUTH), 422)
-        assert err["type"] == "invalid_request_error" and "got" in err["message"]
+        err = error_of(httpx.post(f"{server.url}/v1/videos", json=body, headers=AUTH), 400)
+        assert err["type"] == "invalid_request_error" and (
+            "got" in err["message"] or "boolean" in err["message"]
+        )
     huge = {"prompt": "x", "num_frames": 10**30}  # valid JSON, over the limit
     assert (
         error_of(httpx.post(f"{server.url}/v1/videos", json=huge, headers=AUTH), 400)["param"] == "num_frames"
     )
-    err = error_of(httpx.get(f"{server.url}/v1/videos", params={"limit": 0}, headers=AUTH), 422)
+    err = error_of(httpx.get(f"{server.url}/v1/videos", params={"limit": 0}, headers=AUTH), 400)
     assert err["param"] == "limit"
+
+
+def test_hostile_bodies_get_4xx_and_the_server_keeps_serving(server, client):
+    post = lambda **kw: httpx.post(f"{server.url}/v1/videos", headers=AUTH, **kw)  # noqa: E731
+    deep = "[" * 100_000 + "]" * 100_000  # past the parser's recursion limit
+    assert error_of(post(content=deep.encode()), 400)["code"] == "invalid_json"
+    nested = {"prompt": "x", "plugin_options": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {}}}}}}}}}
+    assert "nests deeper" in error_of(post(json=nested), 400)["message"]
+    huge = b'{"prompt": "' + b"x" * (26 * 2**20) + b'"}'
+    assert error_of(post(content=huge), 413)["code"] == "body_too_large"
+    accepted = post(
+        json={"prompt": "a cat", "user": "u1", "size": "32x32", "num_frames": 5, "num_inference_steps": 1}
+    )
+    assert accepted.status_code == 200 and accepted.headers["x-fv-ignored-fields"] == "user"
+    assert client.models.list().data  # still serving
 
 
 def test_malformed_bodies_are_400(server):
