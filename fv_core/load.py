@@ -7,7 +7,6 @@ object) applies its entry's kernels, interceptors, plugin options and limits exa
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,14 @@ from pydantic import BaseModel
 
 from fv_core.card.assemble import complete_card
 from fv_core.card.spec import ModelCard
-from fv_core.card.validate import validate_card
 from fv_core.deploy.card import DeploymentCard, ModelDeploy, load_deploy
 from fv_core.deploy.check import check_deploy, deploy_plugin_options
-from fv_core.errors import ConfigError, WeightsError
+from fv_core.errors import ConfigError
 from fv_core.kernels_select import select_kernel
 from fv_core.model import LoadedModel, OptionsPolicy, unknown_model
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost, dist_version, load_plugins
 from fv_core.registry import resolve_lazy
+from fv_core.weights import bind_card, family, model_index
 
 # op -> (implementation, provenance record), as ``select_kernel`` returns them
 Kernels = dict[str, tuple[Any, dict[str, Any]]]
@@ -106,71 +105,12 @@ def _card_on_weights(host: PluginHost, name: str, weights: str | Path | None) ->
                 )
             weights = resolve_lazy(card.default_weights)()
         folder = Path(str(weights)).expanduser().resolve()
-        return bind_card(host, card, folder), folder
+        return bind_card(host.registries, card, folder), folder
     folder = Path(name).expanduser().resolve()
     if not (folder / "model_index.json").is_file():
         raise unknown_model(name, (str(k) for k in host.registries.cards))
-    pipeline = _model_index(folder).get("_class_name")
-    family = _family(host, pipeline, folder)
-    return complete_card(family.card(folder)), folder
-
-
-def bind_card(host: PluginHost, card: ModelCard, folder: Path) -> ModelCard:
-    """``card`` checked against the folder's configs and adapted to them by its family.
-
-    A named card refuses a folder whose configs differ from what it declares (class, layer
-    count, dims, scheduler): the message names both values and the fix.
-    """
-    if not folder.is_dir():
-        raise WeightsError(f"weights folder {str(folder)!r} does not exist. Fix: pass an existing folder.")
-    checks = []  # (file, key, expected value or list of allowed ones, the folder's value)
-    if card.pipeline is not None:
-        checks.append(
-            ("model_index.json", "_class_name", card.pipeline, _model_index(folder).get("_class_name"))
-        )
-    for name, spec in card.components.items():
-        sub = spec.subfolder or name
-        file = f"{sub}/{'scheduler_config.json' if spec.kind == 'scheduler' else 'config.json'}"
-        config = _read_json(folder / file) if spec.config else {}
-        checks += [(file, key, want, config.get(key)) for key, want in spec.config.items()]
-    wrong = [c for c in checks if not (c[3] in c[2] if isinstance(c[2], list) else c[3] == c[2])]
-    if wrong:
-        lines = "; ".join(
-            f"expects {k}={want!r} in {file}, the folder has {k}={got!r}" for file, k, want, got in wrong
-        )
-        raise WeightsError(
-            f"card {card.model_id!r} does not fit {str(folder)!r}: {lines}. Fix: load the folder by path "
-            f"(fv_core.load({str(folder)!r}), or `fv generate --weights {folder}` without --model): its card "
-            "is built from its own configs."
-        )
-    if card.pipeline is None or card.pipeline not in host.registries.pipelines:
-        return card
-    return validate_card(_family(host, card.pipeline, folder).bind(card, folder))
-
-
-def _family(host: PluginHost, pipeline: Any, folder: Path) -> Any:
-    if pipeline not in host.registries.pipelines:
-        known = sorted(str(k) for k in host.registries.pipelines)
-        raise WeightsError(
-            f"{str(folder)!r} holds a {pipeline!r} checkpoint, and no installed plugin reads that "
-            f"pipeline (readable: {known}). Fix: install the model plugin for it."
-        )
-    return host.registries.pipelines.get(pipeline)
-
-
-def _model_index(folder: Path) -> dict[str, Any]:
-    return _read_json(folder / "model_index.json")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise WeightsError(f"{str(path)!r} is missing. Fix: point at a complete checkpoint folder.") from None
-    except json.JSONDecodeError as exc:
-        raise WeightsError(
-            f"{str(path)!r} is not valid JSON ({exc}). Fix: repair or re-download it."
-        ) from None
+    pipeline = model_index(folder).get("_class_name")
+    return complete_card(family(host.registries, pipeline, folder).card(folder)), folder
 
 
 def resolve_kernels(
@@ -203,7 +143,7 @@ def _plugins_used(host: PluginHost, card: ModelCard, kernels: Kernels) -> list[s
 
 
 def _folder_plugin(host: PluginHost, folder: Path) -> str | None:
-    pipeline = _model_index(folder).get("_class_name")
+    pipeline = model_index(folder).get("_class_name")
     return host.registries.pipelines.plugin_of(pipeline) if pipeline in host.registries.pipelines else None
 
 

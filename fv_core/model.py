@@ -163,7 +163,7 @@ class LoadedModel:
                 f"params; got {refused}. Fix: drop them, or use a task that takes them.",
                 param="parts",
             )
-        return Request(
+        request = Request(
             request_id=request_id or uuid.uuid4().hex[:16],
             task=task,
             params=params,
@@ -173,6 +173,11 @@ class LoadedModel:
             priority=priority,
             interceptors=self.interceptors,
         )
+        for interceptor in self.interceptors:  # options valid by schema but impossible for this model
+            check = getattr(interceptor, "check_request", None)
+            if check is not None:
+                check(request, self.instance)
+        return request
 
     def _check_limits(self, params: Params) -> None:
         if self.limits is None:

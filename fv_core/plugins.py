@@ -29,7 +29,7 @@ from fv_core import hookspecs
 from fv_core.card.spec import CardVariant, ModelCard
 from fv_core.errors import ConfigError
 from fv_core.kernels import check_kernel
-from fv_core.registry import Registries, resolve_lazy
+from fv_core.registry import REGISTRY_NAMES, Registries, resolve_lazy
 
 ENTRY_POINT_GROUP = "fv.plugins"
 BUILTIN_PLUGIN = "fv-core"
@@ -191,9 +191,13 @@ class PluginHost:
                 )
             if info.error:
                 raise ConfigError(f"plugin {name!r} is required but failed to load: {info.error}")
+            broken = self._import_errors(name)
+            if broken:
+                raise ConfigError(f"plugin {name!r} is required but cannot be imported: {'; '.join(broken)}")
 
     def report(self) -> list[dict[str, Any]]:
-        """JSON-able description of every plugin, for ``fv plugins``."""
+        """JSON-able description of every plugin, for ``fv plugins``; lazy registrations are imported so
+        one that cannot be is reported as the plugin's error."""
         return [
             {
                 "name": i.name,
@@ -201,10 +205,14 @@ class PluginHost:
                 "version": i.version,
                 "hooks": i.hooks,
                 "registered": i.registered,
-                "error": i.error,
+                "error": i.error or "; ".join(self._import_errors(i.name)) or None,
             }
             for i in self.infos.values()
         ]
+
+    def _import_errors(self, plugin: str) -> list[str]:
+        registries = [getattr(self.registries, name) for name in REGISTRY_NAMES]
+        return [error for registry in registries for error in registry.import_errors(plugin)]
 
 
 class _Stager:

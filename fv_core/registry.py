@@ -12,7 +12,7 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fv_core.errors import DuplicateKeyError, UnknownKeyError
+from fv_core.errors import DuplicateKeyError, PluginLoadError, UnknownKeyError
 
 
 def resolve_lazy(value: Any) -> Any:
@@ -62,9 +62,26 @@ class Registry:
                 "Fix: use one of these, or install/enable the plugin that provides it."
             )
         if not entry.loaded:
-            entry.value = resolve_lazy(entry.value)
+            try:
+                entry.value = resolve_lazy(entry.value)
+            except (ImportError, AttributeError) as exc:
+                raise PluginLoadError(
+                    f"{self.name} key {key!r} of plugin {entry.plugin!r} names {entry.value!r}, which cannot be "
+                    f"imported ({type(exc).__name__}: {exc}). Fix: reinstall {entry.plugin!r}, or disable it "
+                    f"(FV_DISABLE_PLUGINS={entry.plugin})."
+                ) from exc
             entry.loaded = True
         return entry.value
+
+    def import_errors(self, plugin: str) -> list[str]:
+        """Why each of ``plugin``'s lazy values cannot be imported (imports them all)."""
+        errors = []
+        for key in [k for k, e in self.entries.items() if e.plugin == plugin]:
+            try:
+                self.get(key)
+            except PluginLoadError as exc:
+                errors.append(str(exc))
+        return errors
 
     def plugin_of(self, key: Hashable) -> str:
         self.get(key)

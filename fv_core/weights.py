@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from fv_core.card.spec import ComponentSpec
+from fv_core.card.spec import ComponentSpec, ModelCard
+from fv_core.card.validate import validate_card
 from fv_core.errors import WeightsError
-from fv_core.registry import resolve_lazy
+from fv_core.registry import Registries, resolve_lazy
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
@@ -93,3 +94,62 @@ def materialize(target: Path, write: Callable[[Path], None]) -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return str(target)
+
+
+def bind_card(registries: Registries, card: ModelCard, folder: Path) -> ModelCard:
+    """``card`` checked against the folder's configs and adapted to them by its family.
+
+    A named card refuses a folder whose configs differ from what it declares (class, layer
+    count, dims, scheduler): the message names both values and the fix.
+    """
+    if not folder.is_dir():
+        raise WeightsError(f"weights folder {str(folder)!r} does not exist. Fix: pass an existing folder.")
+    checks = []  # (file, key, expected value or list of allowed ones, the folder's value)
+    if card.pipeline is not None:
+        checks.append(
+            ("model_index.json", "_class_name", card.pipeline, model_index(folder).get("_class_name"))
+        )
+    for name, spec in card.components.items():
+        sub = spec.subfolder or name
+        file = f"{sub}/{'scheduler_config.json' if spec.kind == 'scheduler' else 'config.json'}"
+        config = _read_json(folder / file) if spec.config else {}
+        checks += [(file, key, want, config.get(key)) for key, want in spec.config.items()]
+    wrong = [c for c in checks if not (c[3] in c[2] if isinstance(c[2], list) else c[3] == c[2])]
+    if wrong:
+        lines = "; ".join(
+            f"expects {k}={want!r} in {file}, the folder has {k}={got!r}" for file, k, want, got in wrong
+        )
+        raise WeightsError(
+            f"card {card.model_id!r} does not fit {str(folder)!r}: {lines}. Fix: load the folder by path "
+            f"(fv_core.load({str(folder)!r}), or `fv generate --weights {folder}` without --model): its card "
+            "is built from its own configs."
+        )
+    if card.pipeline is None or card.pipeline not in registries.pipelines:
+        return card
+    return validate_card(family(registries, card.pipeline, folder).bind(card, folder))
+
+
+def family(registries: Registries, pipeline: Any, folder: Path) -> Any:
+    """The registered reader of ``pipeline`` folders."""
+    if pipeline not in registries.pipelines:
+        known = sorted(str(k) for k in registries.pipelines)
+        raise WeightsError(
+            f"{str(folder)!r} holds a {pipeline!r} checkpoint, and no installed plugin reads that "
+            f"pipeline (readable: {known}). Fix: install the model plugin for it."
+        )
+    return registries.pipelines.get(pipeline)
+
+
+def model_index(folder: Path) -> dict[str, Any]:
+    return _read_json(folder / "model_index.json")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise WeightsError(f"{str(path)!r} is missing. Fix: point at a complete checkpoint folder.") from None
+    except json.JSONDecodeError as exc:
+        raise WeightsError(
+            f"{str(path)!r} is not valid JSON ({exc}). Fix: repair or re-download it."
+        ) from None

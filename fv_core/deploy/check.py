@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from fv_core.card.assemble import assemble_card, interceptor_kind
 from fv_core.deploy.card import DeploymentCard
-from fv_core.errors import ConfigError, explain
+from fv_core.errors import ConfigError, WeightsError, explain
 from fv_core.kernels_select import device_arch
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
 from fv_core.registry import lookup_kernel
+from fv_core.weights import bind_card, refuse_pickles
 
 
 def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") -> list[str]:
@@ -22,7 +24,7 @@ def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") 
     def attempt(fn: Any, *args: Any) -> None:
         try:
             fn(*args)
-        except (ConfigError, LookupError, ValueError) as exc:
+        except (ConfigError, LookupError, ValueError, ImportError) as exc:
             problems.append(str(exc))
 
     attempt(host.require, deploy.plugins)
@@ -56,6 +58,13 @@ def _check_model(
                 f"{where}.interceptors: card {card.model_id!r} rejects {name!r} (a {kind} interceptor); it accepts "
                 f"{sorted(card.capabilities.interceptors) or 'none'}. Fix: remove {name!r} from this model."
             )
+    if model.weights is not None:  # the folder, as load will check it: layout, no pickles, configs vs card
+        folder = Path(model.weights).expanduser()
+        try:
+            bind_card(registries, card, folder)  # the folder exists and its configs fit the card
+            refuse_pickles(folder)
+        except WeightsError as exc:
+            raise WeightsError(f"{where}.weights: {exc}") from None
 
 
 def _check_enabled(host: PluginHost, registry: str, key: Any, enabled: set[str], where: str) -> None:

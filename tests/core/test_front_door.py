@@ -238,3 +238,17 @@ def test_a_task_of_two_loops_runs_as_a_program(host, tmp_path):
     metrics = text.provenance["metrics"]
     assert metrics["steps"] == 6 and list(metrics["stages"]) == ["0:count", "1:count"]
     assert model.generate().provenance["params"] == {"seed": 0, "steps": 2}  # the card's default
+
+
+def test_a_lazy_registration_that_cannot_be_imported_is_reported_not_raised(host):
+    from fv_core.deploy import check_deploy, parse_deploy
+
+    broken = types.SimpleNamespace(
+        fv_register_cards=hookimpl(lambda register: register("ghost", "fv_nowhere.cards:ghost"))
+    )
+    host.add(broken, "fv-ghost")
+    host.collect()
+    (report,) = [p for p in host.report() if p["name"] == "fv-ghost"]
+    assert "'fv_nowhere.cards:ghost', which cannot be imported (ModuleNotFoundError" in report["error"]
+    problems = check_deploy(parse_deploy({"plugins": ["fv-ghost"], "models": [{"card": "ghost"}]}), host)
+    assert problems and all("fv-ghost" in p for p in problems)  # a message, not a crash

@@ -62,3 +62,17 @@ def test_request_options_outside_the_schema_are_400(cached_server):
             prompt="a cat", size="32x32", extra_body={"plugin_options": {CACHE: {"warmup": 3}}}
         )
     assert "warmup" in info.value.message and "Allowed:" in info.value.message
+
+
+def test_options_the_model_cannot_run_are_400_before_queueing(cached_server):
+    """Valid by the schema, impossible for a 2-block transformer: refused at submit on both routes."""
+    client = openai.OpenAI(base_url=f"{cached_server.url}/v1", api_key="-", max_retries=0)
+    impossible = {"plugin_options": {CACHE: {"Fn_compute_blocks": 2, "Bn_compute_blocks": 1}}}
+    before = len(client.videos.list(limit=100).data)
+    with pytest.raises(
+        openai.BadRequestError, match=r"Fn_compute_blocks=2 \+ Bn_compute_blocks=1 exceed the model's 2"
+    ):
+        client.videos.create(prompt="a cat", size="32x32", extra_body=impossible)
+    with pytest.raises(openai.BadRequestError, match="exceed the model's 2 blocks"):
+        client.images.generate(prompt="a cat", size="32x32", extra_body=impossible)
+    assert len(client.videos.list(limit=100).data) == before  # no job was created

@@ -168,3 +168,22 @@ def test_replay_reproduces_interceptors_with_the_options_that_ran(tiny_path):
     )
     assert np.array_equal(first.frames, again.frames)
     assert again.provenance["metrics"]["cache_dit"] == prov["metrics"]["cache_dit"]
+
+
+def test_validate_checks_each_models_weights_as_load_would(wan_host, tiny_path, tmp_path):
+    import shutil
+
+    from fv_core.deploy import check_deploy
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_path, pickled)
+    (pickled / "transformer" / "diffusion_pytorch_model.bin").write_bytes(b"\x80\x04")
+    cases = (
+        (TINY, str(pickled), "refusing pickle checkpoint files"),
+        ("wan2.1-t2v-14b", tiny_path, "expects num_layers=40"),  # a real folder of another size
+        (TINY, str(tmp_path / "missing"), "does not exist"),
+    )
+    for card, weights, words in cases:
+        deploy = parse_deploy({"plugins": ["fv-wan"], "models": [{"card": card, "weights": weights}]})
+        problems = check_deploy(deploy, wan_host)
+        assert any(p.startswith("models[0].weights: ") and words in p for p in problems), problems

@@ -78,6 +78,23 @@ class DBCache:
                 explain(exc, f"interceptor {self.name!r}", CacheDiTOptions.model_fields)
             ) from None
 
+    def check_request(self, request: Any, instance: Any) -> None:
+        """Refuse, before the request is queued, options the model cannot run (more compute blocks than
+        its transformer has)."""
+        blocks = getattr(instance, "num_blocks", None)
+        opts = self._options(request)
+        if blocks is not None and opts.Fn_compute_blocks + opts.Bn_compute_blocks > blocks:
+            raise ConfigError(
+                f"{self.name}: Fn_compute_blocks={opts.Fn_compute_blocks} + Bn_compute_blocks="
+                f"{opts.Bn_compute_blocks} exceed the model's {blocks} blocks. Fix: choose Fn + Bn <= {blocks}.",
+                param="plugin_options",
+            )
+
+    def _options(self, request: Any) -> CacheDiTOptions:
+        asked = request.options.get(PLUGIN) if request.options else None
+        update = asked.model_dump(include=asked.model_fields_set) if asked is not None else {}
+        return self.options.model_copy(update=update)
+
     def on_start(self, state: LoopState, request: Any) -> None:
         """This request's options: the fields its (core-validated) options set, over this interceptor's."""
         asked = request.options.get(PLUGIN) if request.options else None

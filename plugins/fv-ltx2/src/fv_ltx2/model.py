@@ -98,6 +98,11 @@ class LTX2Model:
             merged[f"{module}.weight"] = base + scale * (up.to(base) @ down.to(base))
         return merged
 
+    @property
+    def num_blocks(self) -> int:
+        """Transformer blocks, read from the folder's config (the transformer need not be loaded)."""
+        return int(json.loads((self.weights / "transformer" / "config.json").read_text())["num_layers"])
+
     def loaded(self) -> list[str]:
         """Names of the resident components."""
         return sorted(self._components)

@@ -11,6 +11,7 @@ self-attention and is reported, with the path each result took, in its metrics.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,11 @@ class WanModel:
         """Bytes of the resident components' parameters and buffers (read by admission)."""
         modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
         return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+
+    @property
+    def num_blocks(self) -> int:
+        """Transformer blocks, read from the folder's config (the transformer need not be loaded)."""
+        return int(json.loads((self.weights / "transformer" / "config.json").read_text())["num_layers"])
 
     def loaded(self) -> list[str]:
         """Names of the resident components."""
