@@ -1,11 +1,14 @@
 """AsyncEngine: the server's front of an Engine.
 
 All model work (loop init, steps, finalize) runs on one worker thread; the
-event loop only queues commands and receives events. API::
+event loop only queues commands and receives events, so ``submit`` answers at
+once whatever the worker is doing: the queue limit is counted here (QueueFull),
+and a request the worker cannot admit (AdmissionInfeasible, a failing init)
+ends with that error on its stream. API::
 
     aengine = AsyncEngine(Engine(budget=...), batching=True)
     async with aengine:                                   # start() / stop()
-        rid = await aengine.submit(loop, request, instance)   # QueueFull / AdmissionInfeasible raise here
+        rid = await aengine.submit(loop, request, instance)   # QueueFull raises here
         async for event in aengine.stream(rid): ...       # progress ... then done / error / cancelled
         aengine.cancel(rid)                               # at the next step boundary
         result = await aengine.result(rid)                # LoopResult, or raises Cancelled / the error
@@ -17,11 +20,10 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from fv_core.errors import Cancelled
+from fv_core.errors import Cancelled, ConfigError, QueueFull
 from fv_core.loop.contracts import LoopResult, StreamEvent
 from fv_core.request import TERMINAL_EVENTS
 from fv_core.runtime.engine import Engine
@@ -45,6 +47,7 @@ class AsyncEngine:
         self._records: dict[str, _Record] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._retry_after_s = 0.0  # the worker's latest estimate, for QueueFull answers
 
     @property
     def _event_loop(self) -> asyncio.AbstractEventLoop:
@@ -75,25 +78,29 @@ class AsyncEngine:
             self._thread = None
 
     async def submit(self, loop: Any, request: Any, instance: Any) -> str:
-        """Queue a request (init and admission run on the worker); returns its id."""
+        """Queue a request without waiting for the worker; returns its id. Raises QueueFull when the
+        requests in flight fill the budget's running and waiting places."""
         rid = request.request_id
-        record = self._records[rid] = _Record(outcome=self._event_loop.create_future())
-        admitted: Future = Future()
+        if rid in self._records:
+            raise ConfigError(f"request_id {rid!r} is already in flight. Fix: use a unique id.")
+        budget = self.engine.admission.budget
+        places = budget.max_running + budget.max_waiting
+        if len(self._records) >= places:
+            raise QueueFull(
+                f"busy: {len(self._records)} requests in flight (limit {places}); retry after "
+                f"{self._retry_after_s:.3f} s",
+                retry_after_s=self._retry_after_s,
+            )
+        self._records[rid] = _Record(outcome=self._event_loop.create_future())
 
         def command() -> None:
             try:
                 self._sched.submit(loop, request, instance)
-                admitted.set_result(rid)
-            except BaseException as exc:
-                admitted.set_exception(exc)
+            except BaseException as exc:  # refused or failed to start: it ends on its stream
+                self._on_event(StreamEvent("error", rid, data=exc))
 
         self._commands.put(command)
-        try:
-            return await asyncio.wrap_future(admitted)
-        except BaseException:
-            if self._records.get(rid) is record:
-                del self._records[rid]
-            raise
+        return rid
 
     async def stream(self, request_id: str) -> AsyncIterator[StreamEvent]:
         """Events of one request, in order, ending with done / error / cancelled."""
@@ -133,6 +140,7 @@ class AsyncEngine:
             try:
                 if self._sched.has_work():
                     self._sched.step()
+                    self._retry_after_s = self.engine.admission.retry_after_s()
             except Exception as exc:  # an internal failure ends every request, not the worker
                 self._sched.abort(exc)
 

@@ -153,6 +153,9 @@ class Service:
         except Cancelled as exc:
             self.store.fail(job_id, "cancelled", str(exc))  # a no-op when the job was deleted
             status = "cancelled"
+        except AdmissionInfeasible as exc:  # refused by the engine after the job was created
+            self.metrics.refusals.labels("infeasible").inc()
+            self.store.fail(job_id, "admission_infeasible", str(exc))
         except Exception as exc:  # the job fails with the reason; the server keeps serving
             self.store.fail(job_id, "generation_failed", f"{type(exc).__name__}: {exc}")
         finally:
@@ -196,6 +199,9 @@ class Service:
             png = await asyncio.to_thread(encode_png, result.outputs["frames"][0].float().numpy())
             status = "completed"
             return base64.b64encode(png).decode()
+        except AdmissionInfeasible as exc:  # the engine can never fit it: the client's request is too big
+            self.metrics.refusals.labels("infeasible").inc()
+            raise ApiError(400, str(exc), "admission_infeasible") from None
         except Exception as exc:
             raise ApiError(
                 500, f"image generation failed: {type(exc).__name__}: {exc}", "generation_failed"
@@ -288,16 +294,13 @@ class Service:
             raise ApiError(400, str(exc), code, exc.param) from None
 
     async def _submit(self, loop: Any, request: Any, instance: Any) -> str:
-        """Hand a job to the engine; refusals become 429 / 400 answers."""
+        """Hand a job to the engine (it answers at once); a full queue is 429."""
         try:
             return await self.engine.submit(loop, request, instance)
         except QueueFull as exc:
             self.metrics.refusals.labels("queue_full").inc()
             retry = str(max(1, math.ceil(exc.retry_after_s)))
             raise ApiError(429, str(exc), "queue_full", headers={"Retry-After": retry}) from None
-        except AdmissionInfeasible as exc:
-            self.metrics.refusals.labels("infeasible").inc()
-            raise ApiError(400, str(exc), "admission_infeasible") from None
         except ConfigError as exc:
             self.metrics.refusals.labels("invalid").inc()
             raise ApiError(400, str(exc), "invalid_request") from None

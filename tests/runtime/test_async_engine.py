@@ -35,8 +35,11 @@ def test_async_engine_streams_cancels_and_returns(model):
                 await aengine.submit(loop, Request(f"r{i}", params={"steps": 5}, seed=i), model)
                 for i in range(3)
             ]
-            with pytest.raises(AdmissionInfeasible):
-                await aengine.submit(loop, Request("huge", params={"steps": 5000}), model)
+            huge = await aengine.submit(
+                loop, Request("huge", params={"steps": 5000}), model
+            )  # answers at once
+            with pytest.raises(AdmissionInfeasible):  # the worker refuses it: it ends with that error
+                await aengine.result(huge)
             streamed = []
             async for event in aengine.stream("r0"):
                 streamed.append((event.kind, event.step))
@@ -53,3 +56,28 @@ def test_async_engine_streams_cancels_and_returns(model):
     serial = Engine().run_one(loop, Request("r0", params={"steps": 5}, seed=0), model)
     assert torch.allclose(results[0].outputs["latents"], serial.outputs["latents"], atol=1e-5)  # batched
     assert probe.threads == {"fv-engine"}  # never the event loop's thread
+
+
+def test_submit_answers_while_the_worker_is_busy(model):
+    """A step that holds the worker until the test lets it go: the second submit must not wait for it."""
+    release = threading.Event()
+
+    class Stuck(DenoiseLoop):
+        def next(self, state):
+            plan = super().next(state)
+            if state.request_id == "slow" and hasattr(plan, "body"):
+                body = plan.body
+                plan.body = lambda inputs: (release.wait(30), body(inputs))[1]
+            return plan
+
+    async def main():
+        async with AsyncEngine(Engine()) as aengine:
+            slow = await aengine.submit(Stuck(model), Request("slow", params={"steps": 2}), model)
+            await asyncio.sleep(0.05)  # the worker is now inside the held step
+            quick = await aengine.submit(DenoiseLoop(model), Request("quick", params={"steps": 2}), model)
+            submitted_while_held = not release.is_set()
+            release.set()
+            await aengine.result(slow), await aengine.result(quick)
+            return submitted_while_held
+
+    assert asyncio.run(main())
