@@ -15,6 +15,7 @@ import logging
 import re
 import secrets
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -93,6 +94,17 @@ def create_app(
 
     app = FastAPI(title="fv", summary="OpenAI-compatible video and image generation", lifespan=lifespan)
     _add_error_handlers(app)
+
+    @app.middleware("http")
+    async def request_id(request: Request, call_next: Any) -> Response:
+        """Every answer carries ``x-request-id``: the client's own, else a new one; logs name it."""
+        rid = request.headers.get("x-request-id", "")[:128] or uuid.uuid4().hex
+        request.state.request_id = rid
+        response = await call_next(request)
+        response.headers["x-request-id"] = rid
+        log.info("%s %s -> %s [request %s]", request.method, request.url.path, response.status_code, rid)
+        return response
+
     app.include_router(_v1_router(api_key, video_body, image_body), prefix="/v1")
 
     @app.get("/health")
@@ -351,5 +363,6 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        rid = getattr(request.state, "request_id", "-")
+        log.exception("unexpected error on %s %s [request %s]", request.method, request.url.path, rid)
         return _error(500, f"internal error ({type(exc).__name__}); the server logged it.", "internal_error")

@@ -181,3 +181,10 @@ def test_uploaded_references_decode_to_image_parts():
     assert image.shape == (8, 12, 3) and np.abs(image - frame).max() <= 0.5 / 255 + 1e-6
     with pytest.raises(OSError):
         decode_image(b"\x89PNG...")
+
+
+def test_every_answer_carries_a_request_id(server):
+    mine = httpx.get(f"{server.url}/v1/models", headers={**AUTH, "x-request-id": "trace-42"})
+    assert mine.headers["x-request-id"] == "trace-42"
+    fresh = httpx.get(f"{server.url}/v1/videos/nope", headers=AUTH)
+    assert fresh.status_code == 404 and len(fresh.headers["x-request-id"]) == 32
