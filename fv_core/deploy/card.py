@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -50,6 +50,10 @@ class DeploymentCard(Strict):
     limits: Limits | None = Field(default_factory=Limits)  # None: no per-request caps (a replay's own plan)
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # plugin -> options
     data_dir: str | None = None  # jobs database and artifacts; None: $FV_DATA_DIR or the user's data dir
+    # "bitwise": a seeded request's output never depends on what else is running (steps are not batched
+    # across requests); "batched": compatible steps of different requests share calls (faster, and equal
+    # to a solo run only within the card's batched tolerance)
+    determinism: Literal["bitwise", "batched"] = "bitwise"
 
     def model(self, name: str) -> ModelDeploy:
         for m in self.models:

@@ -217,7 +217,10 @@ def _v1_router(api_key: str | None, video_body: type[Strict], image_body: type[S
 
     @router.get("/models", response_model=ModelList)
     async def list_models(service: Service = Depends(_service)) -> ModelList:
-        return ModelList(data=[Model(id=m.name, created=m.created) for m in service.models.values()])
+        mode = service.deploy.determinism
+        return ModelList(
+            data=[Model(id=m.name, created=m.created, determinism=mode) for m in service.models.values()]
+        )
 
     return router
 

@@ -141,6 +141,10 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "fv"
+    determinism: Literal["bitwise", "batched"] = Field(
+        "bitwise",
+        description="bitwise: a seeded request's output does not depend on load; batched: within tolerance",
+    )
 
 
 class ModelList(BaseModel):

@@ -68,7 +68,7 @@ class Service:
         self.models: dict[str, ServedModel] = {}
         limits = deploy.limits or Limits()
         budget = Budget(max_running=limits.max_running, max_waiting=limits.max_queue)
-        self.engine = AsyncEngine(Engine(budget, device=device), batching=True)
+        self.engine = AsyncEngine(Engine(budget, device=device), batching=deploy.determinism == "batched")
         self.live: dict[str, str] = {}  # job id -> engine request id, while running
         self._tasks: set[asyncio.Task] = set()
 

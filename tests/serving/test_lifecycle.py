@@ -175,3 +175,20 @@ def test_the_request_schema_is_the_served_cards_params(server):
         sampler["enum"] == ["unipc", "euler", "dmd"] and fields["num_inference_steps"]["limit"] == "max_steps"
     )
     assert fields["guidance_scale"]["description"] == "CFG scale; 1 turns CFG off"
+
+
+def test_a_seeded_request_gives_the_same_video_whatever_else_runs(server, client):
+    """determinism: bitwise (the default): steps of different requests never share a call."""
+    assert client.models.list().data[0].model_extra["determinism"] == "bitwise"
+    ask = {"size": "32x32", "extra_body": {"num_frames": 5, "num_inference_steps": 3, "seed": 7}}
+    alone = client.videos.create_and_poll(prompt="a cat on a boat", poll_interval_ms=20, **ask)
+    solo = client.videos.download_content(alone.id).read()
+    others = [
+        client.videos.create(prompt=f"a dog number {i}", size="32x32",
+                             extra_body={"num_frames": 5, "num_inference_steps": 3, "seed": i})
+        for i in range(3)
+    ]  # fmt: skip
+    again = client.videos.create_and_poll(prompt="a cat on a boat", poll_interval_ms=20, **ask)
+    assert client.videos.download_content(again.id).read() == solo
+    for video in others:
+        client.videos.poll(video.id, poll_interval_ms=20)
