@@ -80,7 +80,7 @@ def main() -> None:
 
 def load_run(determinism: str) -> dict:
     data = tempfile.mkdtemp(prefix="fv-serve-load-")
-    deploy = tiny_deploy(data).model_copy(update={"determinism": determinism})
+    deploy = tiny_deploy(data, determinism)
     with ServerThread(deploy, wan_host()) as server:
         warm = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
         warm.videos.create_and_poll(prompt="warm up", poll_interval_ms=50, **REQUEST)  # loads the weights

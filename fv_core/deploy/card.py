@@ -53,7 +53,7 @@ class DeploymentCard(Strict):
     # "bitwise": a seeded request's output never depends on what else is running (steps are not batched
     # across requests); "batched": compatible steps of different requests share calls (faster, and equal
     # to a solo run only within the card's batched tolerance)
-    determinism: Literal["bitwise", "batched"] = "bitwise"
+    determinism: Literal["bitwise", "batched"] = "batched"  # bitwise costs 29.5% throughput (serve_load)
 
     def model(self, name: str) -> ModelDeploy:
         for m in self.models:

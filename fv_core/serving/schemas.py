@@ -142,7 +142,7 @@ class Model(BaseModel):
     created: int
     owned_by: str = "fv"
     determinism: Literal["bitwise", "batched"] = Field(
-        "bitwise",
+        "batched",
         description="bitwise: a seeded request's output does not depend on load; batched: within tolerance",
     )
 

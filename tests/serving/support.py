@@ -23,9 +23,15 @@ def wan_host() -> PluginHost:
     return load_plugins(env={"FV_PLUGINS": "fv-wan"})
 
 
-def tiny_deploy(data_dir: str | Path, **limits: Any) -> DeploymentCard:
+def tiny_deploy(data_dir: str | Path, determinism: str = "bitwise", **limits: Any) -> DeploymentCard:
     return parse_deploy(
-        {"plugins": ["fv-wan"], "models": [{"card": TINY}], "limits": limits, "data_dir": str(data_dir)}
+        {
+            "plugins": ["fv-wan"],
+            "models": [{"card": TINY}],
+            "limits": limits,
+            "data_dir": str(data_dir),
+            "determinism": determinism,
+        }
     )
 
 
