@@ -123,7 +123,7 @@ class VideoArtifact:
         import imageio.v2 as imageio
 
         if self.audio is None:
-            path = _prepare(path, "video")
+            path = _prepare(path, "video", SUFFIXES["video"])
         else:
             path = _prepare(path, "video with sound", AV_SUFFIXES)
         pixels = _to_uint8(self.frames)

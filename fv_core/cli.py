@@ -107,7 +107,7 @@ def parse_size(text: str) -> tuple[int, int]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from fv_core.artifacts import SUFFIXES
+    from fv_core.artifacts import SUFFIXES, AudioArtifact
     from fv_core.deploy import load_deploy
     from fv_core.load import load
     from fv_core.replay import replay_plan, with_kernels
@@ -131,20 +131,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model = load(name, weights, deploy=deploy, host=host)
     parts = [read_image(args.image)] if args.image else []
     if parts and task is None:  # an image picks the model's first task that takes one
+        card = model.card
         task = next(
-            (
-                t
-                for t in model.card.tasks
-                if "image" in model.card.loops[model.card.programs[t].stages[0]].accepts
-            ),
-            None,
+            (t for t in card.tasks if "image" in card.loops[card.programs[t].stages[0]].accepts), None
         )
-    kind = model.card.programs[model.program(task)[0]].outputs[0]
-    output = Path(args.output or DEFAULT_OUTPUT[kind])
-    if output.suffix.lower() not in SUFFIXES[kind]:
+    outputs = model.card.programs[model.program(task)[0]].outputs
+    output = Path(args.output or DEFAULT_OUTPUT[outputs[0]])
+    if output.suffix.lower() not in SUFFIXES[outputs[0]]:
         raise ConfigError(
-            f"-o {output}: a {kind} is saved as one of {', '.join(SUFFIXES[kind])}. Fix: rename it."
+            f"-o {output}: a {outputs[0]} is saved as one of {', '.join(SUFFIXES[outputs[0]])}. Fix: rename it."
         )
+    if args.audio_out and "audio" not in outputs:
+        raise ConfigError(f"--audio-out: this task outputs {outputs}, no audio. Fix: drop --audio-out.")
     with tqdm(desc=model.card.model_id, unit="step", leave=False) as bar:
 
         def progress(step: int, total: int) -> None:
@@ -155,7 +153,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     path = artifact.save(output)
     print(f"wrote {path} and {path.with_suffix('.json')} in {artifact.provenance['seconds']:.1f} s")
     if args.audio_out:
-        sound = getattr(artifact, "audio", None) or artifact
+        sound = artifact if isinstance(artifact, AudioArtifact) else getattr(artifact, "audio", None)
+        assert sound is not None, "a task that outputs audio makes a sound track"
         print(f"wrote {sound.save(args.audio_out)}")
     return 0
 

@@ -25,6 +25,18 @@ from fv_core.registry import Registries, resolve_lazy
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
+__all__ = [
+    "bind_card",
+    "cache_dir",
+    "family",
+    "file_fingerprint",
+    "load_component",
+    "materialize",
+    "model_index",
+    "refuse_pickles",
+    "weights_fingerprint",
+]
+
 
 def refuse_pickles(folder: Path) -> None:
     """Raise WeightsError when the folder holds pickle checkpoint files (pickle can run code)."""
@@ -62,8 +74,17 @@ def load_component(folder: Path, name: str, spec: ComponentSpec, dtype: torch.dt
 def weights_fingerprint(folder: Path, name: str) -> str:
     """A short content fingerprint of one component's safetensors: each file's name, size, header and
     first MiB of tensor data (cheap at any size; changes when weights are re-saved with new values)."""
+    return _fingerprint(sorted((folder / name).glob("*.safetensors")))
+
+
+def file_fingerprint(path: Path) -> str:
+    """:func:`weights_fingerprint` of one safetensors file (e.g. a LoRA beside the components)."""
+    return _fingerprint([path])
+
+
+def _fingerprint(paths: list[Path]) -> str:
     h = hashlib.sha256()
-    for path in sorted((folder / name).glob("*.safetensors")):
+    for path in paths:
         with path.open("rb") as f:
             header_len = int.from_bytes(f.read(8), "little")
             h.update(f"{path.name}:{path.stat().st_size}".encode())

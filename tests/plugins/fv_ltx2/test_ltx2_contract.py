@@ -204,3 +204,36 @@ def test_image_tasks_need_exactly_one_image(ltx_host, ltx_path):
     model = fv_core.load("ltx2-tiny", ltx_path, host=ltx_host)
     with pytest.raises(fv_core.ConfigError, match="conditions on exactly one image.*has 0"):
         model.generate(task="i2av", prompt="a red ball", num_inference_steps=2)
+
+
+@pytest.mark.parametrize("audio_guidance", [7.0, 3.0])
+def test_audio_latents_equal_diffusers(ltx_host, ltx_path, audio_guidance):
+    """The waveform of a random-weight vocoder hardly depends on its latents, so compare the latents
+    themselves: fv's (the loop run to latents, as the two-stage base stage runs it) and diffusers'
+    ``output_type="latent"``, with the audio guidance scales that shape them."""
+    from dataclasses import replace
+
+    from fv_core.runtime import Engine
+
+    model = fv_core.load("ltx2-tiny", ltx_path, host=ltx_host)
+    request = model.prepare({"prompt": "a dog barking", "audio_guidance_scale": audio_guidance, "seed": 2})
+    result = Engine().run_one(*model.job(replace(request, carry={"latents_out": True})))
+    p = request.params
+    pipe = LTX2Pipeline.from_pretrained(ltx_path)
+    pipe.set_progress_bar_config(disable=True)
+    video, audio = pipe(
+        p.prompt, negative_prompt=p.negative_prompt, height=p.height, width=p.width, num_frames=p.num_frames,
+        frame_rate=p.fps, num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
+        stg_scale=p.stg_scale, modality_scale=p.modality_scale, guidance_rescale=p.guidance_rescale,
+        audio_guidance_scale=audio_guidance, audio_stg_scale=p.audio_stg_scale,
+        audio_modality_scale=p.audio_modality_scale, audio_guidance_rescale=p.audio_guidance_rescale,
+        spatio_temporal_guidance_blocks=p.spatio_temporal_guidance_blocks, max_sequence_length=p.max_sequence_length,
+        generator=torch.Generator().manual_seed(2), output_type="latent", return_dict=False,
+    )  # fmt: skip
+    assert (result.outputs["audio_latents"] - audio).abs().max() <= 1e-5
+    assert (result.outputs["latents"] - video).abs().max() <= 1e-5
+    other = fv_core.load("ltx2-tiny", ltx_path, host=ltx_host).prepare(
+        {"prompt": "a dog barking", "audio_guidance_scale": 10 - audio_guidance, "seed": 2}
+    )
+    changed = Engine().run_one(*model.job(replace(other, carry={"latents_out": True})))
+    assert (changed.outputs["audio_latents"] - audio).abs().max() > 1e-3  # audio guidance reaches them

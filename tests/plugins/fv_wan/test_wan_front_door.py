@@ -126,6 +126,8 @@ def test_cli_generates_from_a_folder_and_replays(euler_path, tmp_path, monkeypat
     assert json.loads((tmp_path / "b.json").read_text())["params"] == prov["params"]
     assert (tmp_path / "b.mp4").read_bytes() == out.read_bytes()  # same frames, same encoder: same file
     assert main(["generate", "--model", TINY, "--prompt", "a cat", "--frames", "6"]) == 2  # 4k+1
+    assert main(["generate", "--model", TINY, "--prompt", "a cat", "--audio-out", "a.wav"]) == 2  # no sound
+    assert main(["generate", "--model", TINY, "--prompt", "a cat", "-o", str(tmp_path / "x.wav")]) == 2
 
 
 def test_cards_json_prints_each_task_schema_with_the_cards_defaults(monkeypatch, wan_host, capsys):

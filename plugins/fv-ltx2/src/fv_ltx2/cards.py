@@ -24,6 +24,7 @@ TASKS = {"t2av", "t2av-two-stage", "i2av"}
 # the refine stage's subset (diffusers' STAGE_2_DISTILLED_SIGMA_VALUES).
 DISTILLED_SIGMAS = [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875]
 REFINE_SIGMAS = DISTILLED_SIGMAS[5:]
+REFINE_LORA = "ltx-2-19b-distilled-lora-384.safetensors"  # the file Lightricks/LTX-2 ships for the refine
 
 # diffusers' LTX2Pipeline.__call__ defaults.
 BASE_DEFAULTS = dict(
@@ -68,8 +69,9 @@ CLASSES = {
 }
 
 
-def components(config: dict[str, dict] | None = None) -> dict[str, ComponentSpec]:
-    """The LTX-2 components; ``config``: what each component's config must hold (default: its class)."""
+def components(config: dict[str, dict] | None = None, refine_lora: bool = True) -> dict[str, ComponentSpec]:
+    """The LTX-2 components; ``config``: what each component's config must hold (default: its class);
+    ``refine_lora``: the two-stage refine runs the distilled LoRA when the folder ships it."""
     config = config if config is not None else CLASSES
     specs = {
         name: ComponentSpec(
@@ -81,12 +83,13 @@ def components(config: dict[str, dict] | None = None) -> dict[str, ComponentSpec
         )
         for name, (kind, load_id) in LAYOUT.items()
     }
-    specs["refine_lora"] = ComponentSpec(  # the distilled LoRA the refine stage runs with, when shipped
-        kind="lora",
-        load_id="diffusers.loaders.lora_pipeline:LTX2LoraLoaderMixin",
-        subfolder="ltx-2-19b-distilled-lora-384.safetensors",
-        optional_for={"t2av-two-stage"},
-    )
+    if refine_lora:  # a file at the folder's top level, read by diffusers' LTX-2 LoRA loader
+        specs["refine_lora"] = ComponentSpec(
+            kind="lora",
+            load_id="diffusers.loaders.lora_pipeline:LTX2LoraLoaderMixin",
+            subfolder=REFINE_LORA,
+            optional_for={"t2av-two-stage"},
+        )
     return specs
 
 
@@ -102,6 +105,7 @@ def ltx2_card(
     max_resolution: tuple[int, int] | None = (1088, 1920),
     default_weights: str | None = None,
     interceptors: frozenset[str] = frozenset({"step_skip", "block_skip"}),
+    refine_lora: bool = True,
 ) -> ModelCard:
     def denoise(factory: str, **kw) -> LoopSpec:
         return LoopSpec(
@@ -163,7 +167,7 @@ def ltx2_card(
         model_id=model_id,
         family="ltx2",
         description=description,
-        components=components(config),
+        components=components(config, refine_lora),
         loops=loops,
         programs=programs,
         recipe=recipe,
@@ -239,7 +243,8 @@ def ltx2_distilled() -> ModelCard:
         method="distillation",
         parents=["ltx-2"],
         assumes_loop="t2av",
-        description=f"LTX-2 distilled for 8 steps at sigmas {DISTILLED_SIGMAS}, guidance off",
+        description=f"LTX-2 distilled for 8 steps at sigmas {DISTILLED_SIGMAS} (through the folder's scheduler "
+        "config, as diffusers runs them), guidance off",
     )
     return ltx2_card(
         "ltx-2-distilled",
@@ -258,6 +263,3 @@ def ltx2_distilled() -> ModelCard:
             audio_modality_scale=1.0,
         ),  # fmt: skip
     )
-
-
-CARDS = (ltx2_tiny, ltx2_dev, ltx2_distilled)

@@ -15,7 +15,8 @@ class LTX2Folder:
 
     @staticmethod
     def card(folder: Path) -> ModelCard:
-        """A card for the LTX-2 in ``folder``: diffusers' LTX2Pipeline defaults, STG on its last block."""
+        """A card for the LTX-2 in ``folder``: diffusers' LTX2Pipeline defaults, STG on block 28 (or its last
+        block when it has fewer)."""
         dit = json.loads((folder / "transformer" / "config.json").read_text())
         blocks = dit["num_layers"]
         config = {**CLASSES, "transformer": {**CLASSES["transformer"], "num_layers": blocks}}

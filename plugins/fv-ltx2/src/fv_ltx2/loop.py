@@ -64,13 +64,9 @@ def lora_denoise_body(
     branch: str,
     inputs: dict[str, Any],
 ) -> dict[str, Any]:
-    """:func:`denoise_body` on the transformer with ``weights`` (LoRA-merged) in place of its own, for this
-    call only (``torch.func.functional_call``): the shared module's parameters are not changed."""
-    if inputs.get(BLOCKS_INPUT) is not None:
-        raise ConfigError(
-            "block interceptors do not drive the LoRA-refined stage of t2av-two-stage. Fix: disable the block "
-            "interceptor for two-stage requests, or run t2av."
-        )
+    """:func:`denoise_body` on the transformer with ``weights`` (LoRA-merged) in place of its own for this
+    call only (``torch.func.functional_call`` swaps them in and back; bodies run on the engine's one
+    worker thread, so no other call sees them)."""
     video, audio = torch.func.functional_call(
         transformer, weights, args=(), kwargs=_call(inputs, statics), strict=False
     )
@@ -137,11 +133,16 @@ def unpack(tokens: torch.Tensor, f: int, h: int, w: int, patch: int, patch_t: in
 def schedule(config: dict[str, Any], video_tokens: int, steps: int, sigmas: list[float] | None):
     """(timesteps, sigmas + the final 0) of LTX-2's scheduler for this many video tokens."""
     from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift
 
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)  # computes the schedule; not stepped
-    base, top = config.get("base_image_seq_len", 1024), config.get("max_image_seq_len", 4096)
-    slope = (config.get("max_shift", 2.05) - config.get("base_shift", 0.95)) / (top - base)
-    mu = video_tokens * slope + config.get("base_shift", 0.95) - slope * base
+    mu = calculate_shift(
+        video_tokens,
+        config.get("base_image_seq_len", 1024),
+        config.get("max_image_seq_len", 4096),
+        config.get("base_shift", 0.95),
+        config.get("max_shift", 2.05),
+    )
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps) if sigmas is None else sigmas, mu=mu)
     return scheduler.timesteps, scheduler.sigmas
 
@@ -151,6 +152,8 @@ class LTX2Loop:
     LoopState. A request whose ``carry`` asks for ``latents_out`` (a program's base stage) ends after
     denoising with its latents instead of decoding them."""
 
+    loop_id = "t2av"  # the card's LoopSpec this class implements
+    block_seam = True  # a block interceptor may drive this loop's transformer calls
     schedule_overrides: dict[str, Any] = {}  # scheduler config values this loop replaces
 
     def __init__(self, instance: LTX2Model) -> None:
@@ -165,9 +168,8 @@ class LTX2Loop:
                 f"request {request.request_id!r} carries {type(p).__name__} params, not LTX2Params. "
                 "Fix: build requests with LoadedModel.prepare (fv_core.load(...).prepare(...))."
             )
-        gen = torch.Generator(device="cpu").manual_seed(p.seed)
-        loop_id = inst.card.programs[request.task].stages[0]
-        state = LoopState(request.request_id, loop_id, total_steps=p.num_inference_steps, generator=gen)
+        gen = torch.Generator(device="cpu").manual_seed(p.seed)  # CPU noise, as diffusers draws it
+        state = LoopState(request.request_id, self.loop_id, total_steps=p.num_inference_steps, generator=gen)
         audio_vae, transformer = inst.component("audio_vae"), inst.component("transformer")
         grid, audio_frames = self._sizes(request)
         mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
@@ -196,6 +198,7 @@ class LTX2Loop:
             1, audio_frames, inst.device
         )
         state.values["decode_timestep"] = p.decode_timestep
+        state.tensors.update({k: v.to(inst.device) for k, v in state.tensors.items()})
         return state
 
     def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
@@ -210,7 +213,7 @@ class LTX2Loop:
         state.tensors.update(
             latents=pack(noise, patch, patch_t), audio_latents=audio.transpose(1, 2).flatten(2, 3)
         )
-        if vae.config.timestep_conditioning:  # drawn here: the generator's next draw in diffusers too
+        if vae.config.timestep_conditioning and not request.carry.get("latents_out"):  # diffusers' next draw
             state.tensors["decode_noise"] = torch.randn((1, vae.config.latent_channels, *grid), generator=gen)
 
     def _sizes(self, request) -> tuple[tuple[int, int, int], int]:
@@ -312,6 +315,7 @@ class LTX2Loop:
             "text_cache_hits": v["cache_hits"],
             "branches": v["branches"],
             "kernels": {"attention": "sdpa"},
+            **self._extra_metrics(),
         }
         if v["latents_out"]:
             return LoopResult(self._latents(state), metrics)
@@ -323,6 +327,9 @@ class LTX2Loop:
             "fps": v["statics"]["fps"],
         }
         return LoopResult(outputs, metrics)
+
+    def _extra_metrics(self) -> dict[str, Any]:
+        return {}
 
     def _latents(self, state: LoopState) -> dict[str, torch.Tensor]:
         """Denormalized video latents [1, C, F, H, W] and audio latents [1, C, L, mel], as diffusers'
@@ -346,7 +353,8 @@ class LTX2Loop:
     def estimate(self, state: LoopState) -> tuple[float, int]:
         """Predicted seconds left (the branch calls of the remaining steps) and peak bytes."""
         left = (state.total_steps or 0) - state.step
-        return left * len(state.values["branches"]) * self._cost(state), 0
+        rows = sum(2 if branch == "cfg" else 1 for branch in state.values["branches"])
+        return left * rows * self._cost(state), 0
 
     # ---- helpers ----
 
@@ -386,8 +394,9 @@ class LTX2Loop:
             **self._timesteps(t, state.step, rows),
             "video_coords": t["video_coords"].repeat((rows,) + (1,) * (t["video_coords"].ndim - 1)),
             "audio_coords": t["audio_coords"].repeat((rows,) + (1,) * (t["audio_coords"].ndim - 1)),
-            BLOCKS_INPUT: None,  # block-structured body: the runner may attach a block hook here
         }
+        if self.block_seam:
+            inputs[BLOCKS_INPUT] = None  # block-structured body: the runner may attach a block hook here
         statics = {
             **v["statics"],
             "isolate_modalities": branch == "modality",
@@ -483,7 +492,12 @@ class LTX2RefineLoop(LTX2Loop):
     (``request.carry``), re-noised to ``noise_scale``, and denoises them on fixed float sigmas (no
     dynamic shift, no terminal stretch) with guidance off, then decodes video and audio."""
 
+    loop_id = "refine"
+    block_seam = False  # 3 distilled steps (nothing to cache) on LoRA-merged weights
     schedule_overrides = {"use_dynamic_shifting": False, "shift_terminal": None}
+
+    def _extra_metrics(self) -> dict[str, Any]:
+        return {"refine_lora": bool(self.instance.refine_weights())}
 
     def _denoise(self, statics: dict[str, Any], branch: str):
         """With the card's refine LoRA shipped in the folder, the transformer runs with it merged."""
@@ -571,6 +585,8 @@ class LTX2ImageLoop(LTX2Loop):
     trained (H.264 at ``image_crf``), resized, VAE-encoded; its latent frame stays clean (its tokens
     denoise at timestep 0 and are never stepped) while the rest starts from noise."""
 
+    loop_id = "i2av"
+
     def init(self, request, instance=None, ctx=None) -> LoopState:
         images = [part for part in request.parts if part.kind == "image"]
         if len(images) != 1:
@@ -579,7 +595,7 @@ class LTX2ImageLoop(LTX2Loop):
                 f"{len(images)}. Fix: pass one image (CLI --image PATH, HTTP input_reference)."
             )
         state = super().init(request, instance, ctx)
-        state.tensors["image"] = self._preprocess(images[0].image, request.params)
+        state.tensors["image"] = self._preprocess(images[0].image, request.params).to(self.instance.device)
         if state.values["phase"] == "denoise":  # the prompt rows were cached: the image is next
             state.values["phase"] = "encode_image"
         return state
@@ -600,7 +616,6 @@ class LTX2ImageLoop(LTX2Loop):
 
     def _preprocess(self, image, p) -> torch.Tensor:
         """[1, 3, H, W] in -1..1: H.264 re-compressed at ``image_crf`` and resized as diffusers does."""
-        import numpy as np
         from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf
         from diffusers.video_processor import VideoProcessor
         from PIL import Image
@@ -631,7 +646,9 @@ class LTX2ImageLoop(LTX2Loop):
             vae.latents_std.view(shape).to(image_latents),
         )
         frames, height, width = state.values["grid"]
-        clean = ((image_latents.float() - mean) * vae.config.scaling_factor / std).repeat(1, 1, frames, 1, 1)
+        clean = ((image_latents.float() - mean) / std).repeat(
+            1, 1, frames, 1, 1
+        )  # no scaling_factor here, as diffusers
         mask = torch.zeros((1, 1, frames, height, width), dtype=clean.dtype)
         mask[:, :, 0] = 1.0
         patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fv_core import ConfigError, FeatureCache, ModelCard
-from fv_core.weights import load_component, refuse_pickles, weights_fingerprint
+from fv_core.weights import file_fingerprint, load_component, refuse_pickles, weights_fingerprint
 
 _IDS = itertools.count()
 WEIGHTED = ("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder")
@@ -48,6 +48,9 @@ class LTX2Model:
             card.caches["text_embeddings"].capacity
         )  # prompt -> connector outputs
         self.weights_versions = {name: weights_fingerprint(self.weights, name) for name in WEIGHTED}
+        lora = card.components.get("refine_lora")
+        if lora is not None and lora.subfolder and (self.weights / lora.subfolder).is_file():
+            self.weights_versions["refine_lora"] = file_fingerprint(self.weights / lora.subfolder)
         self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
         self._components: dict[str, Any] = {}
         self._refine: dict[str, torch.Tensor] | None = None  # transformer weights with the refine LoRA
@@ -108,6 +111,10 @@ class LTX2Model:
         return sorted(self._components)
 
     def resident_bytes(self) -> int:
-        """Bytes of the resident components' parameters and buffers (read by admission)."""
+        """Bytes of the resident components' parameters and buffers, and of the LoRA-merged refine
+        weights once made (read by admission)."""
         modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
-        return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+        tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())] + list(
+            (self._refine or {}).values()
+        )
+        return sum(t.numel() * t.element_size() for t in tensors)

@@ -13,6 +13,7 @@ from fv_core import ConfigError, ModelCard, Params
 
 TIME_COMPRESSION, SPACE_COMPRESSION = 8, 32  # LTX-2's video VAE: 8k+1 frames, sizes in multiples of 32
 REGISTERS = 128  # the text connectors' learnable registers: text lengths are multiples of this
+AUDIO_LATENTS_PER_SECOND = 25  # LTX-2's audio VAE: 16 kHz, hop 160, 4x in time
 
 
 def _limit(name: str, *cli: str) -> dict:
@@ -74,6 +75,25 @@ class LTX2Params(Params):
         for name, broken, rule, fix in rules:
             if broken:
                 raise ConfigError(f"{name}={getattr(self, name)} {rule}. Fix: use {fix}", param=name)
+        if self.num_frames / self.fps * AUDIO_LATENTS_PER_SECOND < 0.5:
+            raise ConfigError(
+                f"num_frames={self.num_frames} at fps={self.fps:g} lasts {self.num_frames / self.fps:.3f} s, too short "
+                "for one audio latent (40 ms). Fix: ask for more frames or a lower fps",
+                param="num_frames",
+            )
+        max_hw = card.capabilities.max_resolution
+        if max_hw and self.height * self.width > max_hw[0] * max_hw[1]:
+            raise ConfigError(
+                f"size {self.width}x{self.height} exceeds this card's max resolution {max_hw[1]}x{max_hw[0]}. "
+                "Fix: ask for a smaller size",
+                param="height",
+            )
+        if self.stg_on and not self.spatio_temporal_guidance_blocks:
+            raise ConfigError(
+                "STG is on (stg_scale or audio_stg_scale > 0) but spatio_temporal_guidance_blocks is empty. "
+                "Fix: name the blocks to perturb, or set both STG scales to 0",
+                param="spatio_temporal_guidance_blocks",
+            )
         if self.sigmas is not None and len(self.sigmas) != self.num_inference_steps:
             raise ConfigError(
                 f"sigmas has {len(self.sigmas)} values for num_inference_steps={self.num_inference_steps}. "
@@ -126,13 +146,20 @@ class LTX2TwoStageParams(LTX2Params):
     """``t2av-two-stage``: the base stage runs these params at half height and width; the refine stage
     runs ``refine_sigmas`` at the full size with guidance off."""
 
-    refine_sigmas: list[float] = Field(min_length=1, description="the refine stage's float sigmas")
+    refine_sigmas: list[float] = Field(
+        min_length=1, max_length=50, description="the refine stage's float sigmas, each in (0, 1]"
+    )
     refine_noise_scale: float | None = Field(
         ge=0, le=1, description="re-noise before refine (unset: the first refine sigma)"
     )
 
     def check(self, card: ModelCard, loop_id: str) -> None:
         super().check(card, loop_id)
+        if not all(0 < sigma <= 1 for sigma in self.refine_sigmas):
+            raise ConfigError(
+                f"refine_sigmas={self.refine_sigmas}: sigmas are noise levels in (0, 1]. Fix: e.g. [0.909375, 0.725, 0.421875]",
+                param="refine_sigmas",
+            )
         for name in ("height", "width"):
             value = getattr(self, name)
             if value % (2 * SPACE_COMPRESSION):

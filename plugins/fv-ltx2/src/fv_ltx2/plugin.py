@@ -20,7 +20,9 @@ def fv_register_cards(register) -> None:
 
 @hookimpl
 def fv_register_loops(register) -> None:
-    register("ltx2.t2av", "fv_ltx2.loop:LTX2Loop")
+    for name, loop in (("t2av", "LTX2Loop"), ("upsample", "LTX2UpsampleLoop"), ("refine", "LTX2RefineLoop"),
+                       ("i2av", "LTX2ImageLoop")):  # fmt: skip
+        register(f"ltx2.{name}", f"fv_ltx2.loop:{loop}")
 
 
 @hookimpl

@@ -31,7 +31,8 @@ def upsample(request: Request, results: dict[str, LoopResult]) -> Request:
 
 
 def refine(request: Request, results: dict[str, LoopResult]) -> Request:
-    """Stage 2: the upsampled latents, re-noised to the first refine sigma, on the refine sigmas."""
+    """Stage 2: the upsampled latents, re-noised to ``refine_noise_scale`` (unset: the first refine sigma),
+    on the refine sigmas."""
     p = request.params
     sigmas = p.refine_sigmas
     params = p.model_copy(update={"num_inference_steps": len(sigmas), "sigmas": sigmas, **GUIDANCE_OFF})

@@ -1,4 +1,4 @@
-"""The embedded ``ltx-2-tiny`` checkpoint: LTX-2's real architecture at tiny size with RANDOM weights
+"""The embedded ``ltx2-tiny`` checkpoint: LTX-2's real architecture at tiny size with RANDOM weights
 from a fixed seed, written once in the published diffusers layout of ``Lightricks/LTX-2``
 (``scheduler/ text_encoder/ tokenizer/ connectors/ transformer/ vae/ audio_vae/ vocoder/
 latent_upsampler/`` and ``model_index.json``, safetensors only), so it loads through
@@ -36,10 +36,11 @@ import torch
 from safetensors.torch import save_file
 
 from fv_core.weights import cache_dir, materialize
+from fv_ltx2.cards import CLASSES, REFINE_LORA
 
-TINY_ID = "ltx-2-tiny"
+TINY_ID = "ltx2-tiny"
 TINY_VERSION = "v2"  # bump when the configs, vocabulary or seed below change
-REFINE_LORA = "ltx-2-19b-distilled-lora-384.safetensors"  # the file name Lightricks/LTX-2 ships
+
 SEED = 20250102
 
 # FlowMatchEulerDiscreteScheduler arguments LTX-2 (non-distilled) ships; the rest are class defaults
@@ -282,7 +283,7 @@ def tiny_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
 def tiny_weights(path: str | os.PathLike | None = None) -> str:
     """Materialize the tiny checkpoint (once) and return its folder.
 
-    :param path: target folder; default ``<cache>/weights/ltx-2-tiny/v1``.
+    :param path: target folder; default ``<cache>/weights/ltx2-tiny/<TINY_VERSION>``.
     """
     target = Path(path) if path is not None else cache_dir() / "weights" / TINY_ID / TINY_VERSION
     return materialize(target, write_tiny_checkpoint)
@@ -290,8 +291,6 @@ def tiny_weights(path: str | os.PathLike | None = None) -> str:
 
 def tiny_config() -> dict[str, dict]:
     """What the ``ltx2-tiny`` card requires of its folder: the published classes and the tiny sizes."""
-    from fv_ltx2.cards import CLASSES
-
     sizes = {
         "transformer": {k: TINY_TRANSFORMER[k] for k in ("num_layers", "num_attention_heads", "in_channels")},
         "vae": {"latent_channels": VIDEO_LATENT_CHANNELS},
