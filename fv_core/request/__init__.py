@@ -2,7 +2,7 @@
 
 from fv_core.loop.contracts import StreamEvent
 from fv_core.request.cancel import CancelScope
-from fv_core.request.params import Params
+from fv_core.request.params import Params, param_meta
 from fv_core.request.parts import AudioPart, ImagePart, Part, TextPart, VideoPart
 from fv_core.request.request import Request
 
@@ -19,4 +19,5 @@ __all__ = [
     "StreamEvent",
     "TextPart",
     "VideoPart",
+    "param_meta",
 ]

@@ -49,6 +49,11 @@ def refuse_booleans(model: type[BaseModel], data: Any) -> Any:
     return data
 
 
+def param_meta(limit: str | None = None, *cli: str) -> dict[str, Any]:
+    """A Params field's ``json_schema_extra``: the deploy limit that caps it, extra CLI flag names."""
+    return {"limit": limit, "cli": list(cli)}
+
+
 def field_extra(params: type[BaseModel], name: str, key: str, default: Any = None) -> Any:
     """``json_schema_extra[key]`` of field ``name`` (``default`` when absent)."""
     extra = params.model_fields[name].json_schema_extra

@@ -41,7 +41,7 @@ def test_public_api_is_pinned():
         "StreamEvent", "TextArtifact", "TextPart", "UnknownKeyError", "VideoArtifact", "VideoPart",
         "WeightsError", "WorkPlan", "WorkUnitKind", "assert_interleave_parity", "check_batched_parity",
         "check_loop_request", "content_hash", "explain", "hookimpl", "load", "load_deploy", "load_plugins",
-        "lookup_kernel", "plugin_slot", "resolve_lazy"
+        "lookup_kernel", "param_meta", "plugin_slot", "resolve_lazy"
     ]  # fmt: skip
     for name in fv_core.__all__:
         assert getattr(fv_core, name) is not None

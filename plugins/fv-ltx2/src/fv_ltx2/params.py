@@ -9,15 +9,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fv_core import ConfigError, ModelCard, Params
+from fv_core import ConfigError, ModelCard, Params, param_meta
 
 TIME_COMPRESSION, SPACE_COMPRESSION = 8, 32  # LTX-2's video VAE: 8k+1 frames, sizes in multiples of 32
 REGISTERS = 128  # the text connectors' learnable registers: text lengths are multiples of this
 AUDIO_LATENTS_PER_SECOND = 25  # LTX-2's audio VAE: 16 kHz, hop 160, 4x in time
-
-
-def _limit(name: str, *cli: str) -> dict:
-    return {"limit": name, "cli": list(cli)}
 
 
 class LTX2Params(Params):
@@ -26,20 +22,24 @@ class LTX2Params(Params):
     prompt: str = Field(min_length=1, max_length=10_000, description="what the video shows and sounds like")
     negative_prompt: str = Field(max_length=10_000, description="what to steer away from (CFG only)")
     num_frames: int = Field(
-        ge=1, description="frames, 8k+1", json_schema_extra=_limit("max_frames", "--frames")
+        ge=1, description="frames, 8k+1", json_schema_extra=param_meta("max_frames", "--frames")
     )
-    height: int = Field(ge=32, description="pixels, a multiple of 32", json_schema_extra=_limit("max_height"))
-    width: int = Field(ge=32, description="pixels, a multiple of 32", json_schema_extra=_limit("max_width"))
+    height: int = Field(
+        ge=32, description="pixels, a multiple of 32", json_schema_extra=param_meta("max_height")
+    )
+    width: int = Field(
+        ge=32, description="pixels, a multiple of 32", json_schema_extra=param_meta("max_width")
+    )
     fps: float = Field(gt=0, le=240, description="frame rate of the video (and the audio's length)")
     num_inference_steps: int = Field(
-        ge=1, description="denoising steps", json_schema_extra=_limit("max_steps", "--steps")
+        ge=1, description="denoising steps", json_schema_extra=param_meta("max_steps", "--steps")
     )
     sigmas: list[float] | None = Field(description="float sigmas, one per step (distilled / refine stages)")
     guidance_scale: float = Field(
         ge=0,
         le=30,
         description="video CFG scale; 1 turns it off",
-        json_schema_extra=_limit("max_guidance", "--guidance"),
+        json_schema_extra=param_meta("max_guidance", "--guidance"),
     )
     stg_scale: float = Field(ge=0, le=30, description="video spatio-temporal guidance scale; 0 turns it off")
     modality_scale: float = Field(ge=0, le=30, description="video modality-isolation scale; 1 turns it off")

@@ -11,13 +11,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from fv_core import ConfigError, ModelCard, Params, RecipeLoopMismatch
+from fv_core import ConfigError, ModelCard, Params, RecipeLoopMismatch, param_meta
 
 MAX_GUIDANCE = 30.0
-
-
-def _limit(name: str, *cli: str) -> dict:
-    return {"limit": name, "cli": list(cli)}
 
 
 class WanParams(Params):
@@ -28,18 +24,22 @@ class WanParams(Params):
     num_frames: int = Field(
         ge=1,
         description="frames, 4k+1 (Wan's VAE packs 4 frames a latent)",
-        json_schema_extra=_limit("max_frames", "--frames"),
+        json_schema_extra=param_meta("max_frames", "--frames"),
     )
-    height: int = Field(ge=16, description="pixels, a multiple of 16", json_schema_extra=_limit("max_height"))
-    width: int = Field(ge=16, description="pixels, a multiple of 16", json_schema_extra=_limit("max_width"))
+    height: int = Field(
+        ge=16, description="pixels, a multiple of 16", json_schema_extra=param_meta("max_height")
+    )
+    width: int = Field(
+        ge=16, description="pixels, a multiple of 16", json_schema_extra=param_meta("max_width")
+    )
     num_inference_steps: int = Field(
-        ge=1, description="denoising steps", json_schema_extra=_limit("max_steps", "--steps")
+        ge=1, description="denoising steps", json_schema_extra=param_meta("max_steps", "--steps")
     )
     guidance_scale: float = Field(
         ge=0.0,
         le=MAX_GUIDANCE,
         description="CFG scale; 1 turns CFG off",
-        json_schema_extra=_limit("max_guidance", "--guidance"),
+        json_schema_extra=param_meta("max_guidance", "--guidance"),
     )
     sampler: Literal["unipc", "euler", "dmd"] = Field(description="sampler (the card's loop lists its own)")
     flow_shift: float = Field(gt=0.0, le=100.0, description="flow-matching sigma shift")
