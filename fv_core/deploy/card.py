@@ -28,6 +28,13 @@ class Limits(Strict):
     max_running: int = Field(8, ge=1)  # requests interleaved at once
 
 
+class Retention(Strict):
+    """How long finished jobs and their files are kept."""
+
+    max_age_s: int | None = Field(7 * 24 * 3600, ge=0)  # a finished job expires this long after it ended
+    max_bytes: int | None = Field(None, ge=0)  # videos folder cap: the oldest finished jobs go first
+
+
 class ModelDeploy(Strict):
     """One served model."""
 
@@ -48,6 +55,7 @@ class DeploymentCard(Strict):
     plugins: list[str] = Field(default_factory=list)  # enabled plugins; installed but unnamed = inactive
     models: list[ModelDeploy] = Field(min_length=1)
     limits: Limits | None = Field(default_factory=Limits)  # None: no per-request caps (a replay's own plan)
+    retention: Retention = Field(default_factory=Retention)
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # plugin -> options
     data_dir: str | None = None  # jobs database and artifacts; None: $FV_DATA_DIR or the user's data dir
     # "bitwise": a seeded request's output never depends on what else is running (steps are not batched

@@ -82,7 +82,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = JobStore(data_dir or deploy.data_dir or default_data_dir())
+        store = JobStore(data_dir or deploy.data_dir or default_data_dir(), deploy.retention.max_age_s)
         service = Service(deploy, plugins, store, metrics, device)
         try:
             await service.start()

@@ -63,8 +63,9 @@ class JobStore:
     dies, so a crashed server leaves no stale lock): a second server on the same data dir refuses to
     start instead of failing the first one's jobs."""
 
-    def __init__(self, data_dir: str | Path) -> None:
+    def __init__(self, data_dir: str | Path, max_age_s: int | None = None) -> None:
         self.root = Path(data_dir).resolve()
+        self.max_age_s = max_age_s  # a finished job expires this long after it ended (None: never)
         self.videos = self.root / "videos"
         self.videos.mkdir(parents=True, exist_ok=True)
         self._lock = self._take_lock()
@@ -156,13 +157,40 @@ class JobStore:
         self.video_path(job_id).with_suffix(".json").unlink(missing_ok=True)  # its provenance
         return cur.rowcount == 1
 
+    def sweep(self, max_bytes: int | None = None, now: int | None = None) -> list[str]:
+        """Delete expired finished jobs, then the oldest finished ones while the videos folder holds more
+        than ``max_bytes``; returns the ids deleted."""
+        now = int(time.time()) if now is None else now
+        finished = self.db.execute(
+            "SELECT id, COALESCE(completed_at, created_at) AS ended FROM jobs "
+            "WHERE status IN ('completed','failed') ORDER BY ended"
+        ).fetchall()
+        expired = [i for i, ended in finished if self.max_age_s is not None and ended + self.max_age_s <= now]
+        left = [i for i, _ in finished if i not in set(expired)]  # oldest first
+        size = (
+            sum(p.stat().st_size for p in self.videos.glob("*") if p.is_file())
+            if max_bytes is not None
+            else 0
+        )
+        while max_bytes is not None and size > max_bytes and left:
+            oldest = left.pop(0)
+            size -= sum(
+                p.stat().st_size
+                for p in (self.video_path(oldest), self.video_path(oldest).with_suffix(".json"))
+                if p.is_file()
+            )
+            expired.append(oldest)
+        for job_id in expired:
+            self.delete(job_id)
+        return expired
+
     # -- reads ----------------------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Video | None:
         if not ID_PATTERN.match(job_id):
             return None
         row = self.db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id=?", (job_id,)).fetchone()
-        return _video(row) if row else None
+        return self._video(row) if row else None
 
     def list(self, after: str | None, limit: int, order: str) -> tuple[list[Video], bool]:
         """A page of jobs by creation order, and whether more follow."""
@@ -171,7 +199,7 @@ class JobStore:
         args: tuple[Any, ...] = (after, limit + 1) if after is not None else (limit + 1,)
         query = f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq {direction} LIMIT ?"
         rows = self.db.execute(query, args).fetchall()
-        return [_video(r) for r in rows[:limit]], len(rows) > limit
+        return [self._video(r) for r in rows[:limit]], len(rows) > limit
 
     def video_path(self, job_id: str) -> Path:
         """Where a job's mp4 lives; only for ids that match ID_PATTERN."""
@@ -186,6 +214,12 @@ class JobStore:
             return None
         path = self.video_path(job_id)
         return path if path.is_file() else None
+
+    def _video(self, row: tuple) -> Video:
+        video = _video(row)
+        if video.completed_at is not None and self.max_age_s is not None:
+            video.expires_at = video.completed_at + self.max_age_s
+        return video
 
 
 def _video(row: tuple) -> Video:

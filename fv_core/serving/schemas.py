@@ -105,6 +105,7 @@ class Video(BaseModel):
     progress: int = Field(ge=0, le=100)
     created_at: int
     completed_at: int | None = None
+    expires_at: int | None = None  # when a finished job and its files are deleted (the deploy's retention)
     size: str  # "WxH" of the resolved request
     seconds: str
     prompt: str | None = None

@@ -76,7 +76,12 @@ class Service:
 
     async def start(self) -> None:
         self.models = await asyncio.to_thread(self._load_models)
+        self.sweep()
         await self.engine.start()
+
+    def sweep(self) -> None:
+        """Apply the deployment's retention (expired jobs, then the disk cap)."""
+        self.store.sweep(self.deploy.retention.max_bytes)
 
     async def stop(self) -> None:
         """Stop the engine (in-flight jobs fail with the reason) and let the job tasks record it."""
@@ -160,6 +165,7 @@ class Service:
             self.store.fail(job_id, "generation_failed", f"{type(exc).__name__}: {exc}")
         finally:
             self.live.pop(job_id, None)
+            self.sweep()
             self.metrics.jobs.labels(model, status).inc()
             self.metrics.latency.labels(model, status).observe(time.monotonic() - start)
 
