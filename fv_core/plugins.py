@@ -153,9 +153,9 @@ class PluginHost:
                     check_kernel(key, value)  # lazy kernels are checked when first imported
                 getattr(self.registries, registry_name).register(key, value, plugin_name)
                 done.append((registry_name, key))
-        except Exception:  # a duplicate or a bad key: a skipped plugin contributes nothing
-            for registry_name, key in done:  # roll back: a skipped plugin contributes nothing
-                del getattr(self.registries, registry_name).entries[key]
+        except Exception:  # a bad key: roll back, a skipped plugin contributes nothing
+            for registry_name, key in done:
+                getattr(self.registries, registry_name).unregister(key, plugin_name)
             raise
         registered: dict[str, list[str]] = {}
         for registry_name, key in done:
@@ -205,10 +205,21 @@ class PluginHost:
                 "version": i.version,
                 "hooks": i.hooks,
                 "registered": i.registered,
+                "contested": self._contested(i.name),
                 "error": i.error or "; ".join(self._import_errors(i.name)) or None,
             }
             for i in self.infos.values()
         ]
+
+    def _contested(self, plugin: str) -> dict[str, dict[str, list[str]]]:
+        """Registry -> key -> all plugins registering it, for the keys ``plugin`` shares with another."""
+        shared: dict[str, dict[str, list[str]]] = {}
+        for name in REGISTRY_NAMES:
+            for key, entries in getattr(self.registries, name).contested.items():
+                plugins = [e.plugin for e in entries]
+                if plugin in plugins:
+                    shared.setdefault(name, {})[key if isinstance(key, str) else repr(key)] = plugins
+        return shared
 
     def _import_errors(self, plugin: str) -> list[str]:
         registries = [getattr(self.registries, name) for name in REGISTRY_NAMES]

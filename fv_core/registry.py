@@ -2,7 +2,8 @@
 
 Keys are stable strings or tuples. Values may be lazy ``"module:attr"``
 strings, imported on first use so heavy modules load only when needed.
-A duplicate key names both plugins; an unknown key lists what is available.
+A key two plugins register is contested: using it names both plugins until the
+deploy enables only one; an unknown key lists what is available.
 """
 
 from __future__ import annotations
@@ -44,17 +45,47 @@ class Registry:
     name: str  # "cards", "components", "kernels", ...
     entries: dict[Hashable, Entry] = field(default_factory=dict)
 
+    contested: dict[Hashable, list[Entry]] = field(default_factory=dict)  # keys two plugins registered
+
     def register(self, key: Hashable, value: Any, plugin: str) -> None:
+        """Add ``key``; a key another plugin registered too becomes contested: usable only once the
+        deploy enables exactly one of its plugins (never decided by install order)."""
+        entry = Entry(key, value, plugin)
         if key in self.entries:
-            other = self.entries[key].plugin
-            raise DuplicateKeyError(
-                f"{self.name} key {key!r} is registered by both plugin {other!r} and plugin {plugin!r}. "
-                f"Fix: disable one of them (FV_DISABLE_PLUGINS={plugin}) or rename the key."
-            )
-        self.entries[key] = Entry(key, value, plugin)
+            self.contested[key] = [self.entries.pop(key)]
+        if key in self.contested:
+            self.contested[key].append(entry)
+        else:
+            self.entries[key] = entry
+
+    def unregister(self, key: Hashable, plugin: str) -> None:
+        """Drop ``plugin``'s value for ``key`` (a plugin whose registration failed contributes nothing)."""
+        if key in self.entries and self.entries[key].plugin == plugin:
+            del self.entries[key]
+            return
+        rest = [e for e in self.contested.pop(key, []) if e.plugin != plugin]
+        if len(rest) == 1:
+            self.entries[key] = rest[0]
+        elif rest:
+            self.contested[key] = rest
+
+    def settle(self, enabled: set[str]) -> None:
+        """Give each contested key to its one enabled plugin (the deploy's ``plugins`` list chooses)."""
+        for key, entries in list(self.contested.items()):
+            chosen = [e for e in entries if e.plugin in enabled]
+            if len(chosen) == 1:
+                self.entries[key] = chosen[0]
+                del self.contested[key]
 
     def get(self, key: Hashable) -> Any:
         """The value for ``key``, importing it if lazy."""
+        if key in self.contested:
+            plugins = [e.plugin for e in self.contested[key]]
+            raise DuplicateKeyError(
+                f"{self.name} key {key!r} is registered by plugins {plugins}; fv does not pick one by install "
+                f"order. Fix: enable only one of them in the deploy file's 'plugins' list, or disable the "
+                f"others (FV_DISABLE_PLUGINS={','.join(plugins[1:])})."
+            )
         entry = self.entries.get(key)
         if entry is None:
             raise UnknownKeyError(
@@ -88,13 +119,16 @@ class Registry:
         return self.entries[key].plugin
 
     def describe_keys(self) -> str:
-        return ", ".join(repr(k) for k in sorted(self.entries, key=repr)) or "(none registered)"
+        return (
+            ", ".join(repr(k) for k in sorted([*self.entries, *self.contested], key=repr))
+            or "(none registered)"
+        )
 
     def __contains__(self, key: object) -> bool:
-        return key in self.entries
+        return key in self.entries or key in self.contested
 
     def __iter__(self) -> Iterator[Hashable]:
-        return iter(self.entries)
+        return iter(self.entries)  # usable keys; contested ones answer `in` but not iteration
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -151,3 +185,8 @@ class Registries:
     options: Registry = field(default_factory=lambda: Registry("options"))
     pipelines: Registry = field(default_factory=lambda: Registry("pipelines"))
     commands: Registry = field(default_factory=lambda: Registry("commands"))
+
+    def settle(self, enabled: set[str]) -> None:
+        """Resolve contested keys in every registry by the deploy's enabled plugins."""
+        for name in REGISTRY_NAMES:
+            getattr(self, name).settle(enabled)

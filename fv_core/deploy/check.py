@@ -29,6 +29,7 @@ def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") 
 
     attempt(host.require, deploy.plugins)
     enabled = set(deploy.plugins) | {BUILTIN_PLUGIN}
+    host.registries.settle(enabled)  # a key two plugins register goes to the one this deploy enables
     for i in range(len(deploy.models)):
         attempt(_check_model, deploy, host, i, enabled, device, arch)
     for plugin, options in deploy.plugin_options.items():

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from fv_core import ConfigError, hookimpl
+from fv_core import ConfigError, DuplicateKeyError, hookimpl
+from fv_core.deploy import DeploymentCard, check_deploy
 from fv_core.plugins import PluginHost, load_plugins
 from tests.core.conftest import make_card
 
@@ -116,13 +117,30 @@ def test_bad_key_rolls_back_everything_the_plugin_registered(host: PluginHost):
     assert err.plugin == "bad-key" and "unhashable" in err.error
 
 
-def test_duplicate_card_skips_second_plugin_naming_both(host: PluginHost):
+def test_a_card_two_plugins_register_is_refused_until_the_deploy_chooses(host: PluginHost):
     host.add(CardPlugin("wan", "wan-extra"), "first")
-    host.add(CardPlugin("wan", "other"), "second")
+    host.add(CardPlugin("wan", "other"), "squatter")
     host.collect()
-    assert host.registries.cards.plugin_of("wan") == "first"
-    assert "other" not in host.registries.cards  # the whole second plugin is skipped
-    assert "'first'" in host.errors[0].error and "'second'" in host.errors[0].error
+    assert not host.errors and {"wan-extra", "other"} <= set(host.registries.cards)  # both plugins load
+    with pytest.raises(
+        DuplicateKeyError,
+        match=r"'wan' is registered by plugins \['first', 'squatter'\].*"
+        r"not pick one by install order.*'plugins' list",
+    ):
+        host.card("wan")  # neither wins silently, whichever installed first
+    report = {p["name"]: p for p in host.report()}
+    assert report["squatter"]["contested"] == {"cards": {"wan": ["first", "squatter"]}}
+
+    deploy = DeploymentCard(plugins=["squatter"], models=[{"card": "wan"}], limits=None)
+    assert check_deploy(deploy, host) == []  # enabling one plugin chooses its card
+    assert host.registries.cards.plugin_of("wan") == "squatter"
+
+
+def test_a_plugin_whose_registration_fails_gives_back_its_contested_keys(host: PluginHost):
+    host.registries.cards.register("wan", "x:first", "first")
+    host.registries.cards.register("wan", "x:second", "second")
+    host.registries.cards.unregister("wan", "second")
+    assert host.registries.cards.entries["wan"].plugin == "first" and not host.registries.cards.contested
 
 
 def test_misspelt_hook_fails_loudly(host: PluginHost):

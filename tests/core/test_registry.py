@@ -4,11 +4,16 @@ from fv_core.errors import DuplicateKeyError, UnknownKeyError
 from fv_core.registry import Registry, lookup_kernel, resolve_lazy
 
 
-def test_duplicate_key_names_both_plugins():
+def test_duplicate_key_names_both_plugins_until_one_is_enabled():
     reg = Registry("kernels")
-    reg.register(("attention", "any", "any", "sta"), "x:y", "fv-sta")
-    with pytest.raises(DuplicateKeyError, match="'fv-sta'.*'fv-other'"):
-        reg.register(("attention", "any", "any", "sta"), "x:z", "fv-other")
+    key = ("attention", "any", "any", "sta")
+    reg.register(key, "collections:OrderedDict", "fv-sta")
+    reg.register(key, "collections:OrderedDict", "fv-other")
+    assert key in reg and key not in list(reg)  # known, but not usable
+    with pytest.raises(DuplicateKeyError, match=r"\['fv-sta', 'fv-other'\].*FV_DISABLE_PLUGINS=fv-other"):
+        reg.get(key)
+    reg.settle({"fv-sta"})
+    assert reg.plugin_of(("attention", "any", "any", "sta")) == "fv-sta"
 
 
 def test_unknown_key_lists_available():
