@@ -28,6 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from fv_core.deploy.card import DeploymentCard
 from fv_core.errors import error_field, explain
@@ -350,6 +351,16 @@ def _error(
     return JSONResponse(ErrorBody(error=detail).model_dump(), status_code=status, headers=headers)
 
 
+def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route answers on this path (Starlette's 405 names only the first route's)."""
+    allowed = {"OPTIONS"}
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in app.router.routes):
+            allowed.add(method)
+    return sorted(allowed)
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -360,7 +371,14 @@ def _add_error_handlers(app: FastAPI) -> None:
         return _error(400, *_describe(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            allowed = _allowed_methods(app, request)
+            headers = {"Allow": ", ".join(allowed)}
+            if request.method == "OPTIONS":
+                return Response(status_code=204, headers=headers)
+            message = f"{request.method} is not allowed on {request.url.path}. Fix: use one of {allowed}."
+            return _error(405, message, "method_not_allowed", headers=headers)
         code = "not_found" if exc.status_code == 404 else None
         return _error(exc.status_code, str(exc.detail), code, headers=getattr(exc, "headers", None))
 

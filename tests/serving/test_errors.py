@@ -170,7 +170,14 @@ def test_full_queue_is_429_with_retry_after(server, client):
 
 def test_unknown_route_and_method(server):
     assert error_of(httpx.get(f"{server.url}/v1/nothing", headers=AUTH), 404)["code"] == "not_found"
-    assert httpx.put(f"{server.url}/v1/videos", headers=AUTH).status_code == 405
+    put = httpx.put(f"{server.url}/v1/videos", headers=AUTH)
+    assert error_of(put, 405)["code"] == "method_not_allowed" and put.headers["allow"] == "GET, OPTIONS, POST"
+    for path, allow in (
+        ("/v1/videos/video_x", "DELETE, GET, OPTIONS"),
+        ("/v1/images/generations", "OPTIONS, POST"),
+    ):
+        options = httpx.options(f"{server.url}{path}", headers=AUTH)
+        assert options.status_code == 204 and options.headers["allow"] == allow
 
 
 def test_uploaded_references_decode_to_image_parts():
