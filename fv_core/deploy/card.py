@@ -62,6 +62,7 @@ class DeploymentCard(Strict):
     # across requests); "batched": compatible steps of different requests share calls (faster, and equal
     # to a solo run only within the card's batched tolerance)
     determinism: Literal["bitwise", "batched"] = "batched"  # bitwise costs 29.5% throughput (serve_load)
+    shutdown_grace_s: float = Field(30, ge=0)  # on shutdown, jobs get this long to finish before cancelling
 
     def model(self, name: str) -> ModelDeploy:
         for m in self.models:

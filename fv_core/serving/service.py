@@ -84,7 +84,10 @@ class Service:
         self.store.sweep(self.deploy.retention.max_bytes)
 
     async def stop(self) -> None:
-        """Stop the engine (in-flight jobs fail with the reason) and let the job tasks record it."""
+        """Give in-flight jobs the deploy's grace period to finish, then stop the engine (the rest fail
+        with the reason) and let the job tasks record it."""
+        if self._tasks and self.deploy.shutdown_grace_s > 0:
+            await asyncio.wait(self._tasks, timeout=self.deploy.shutdown_grace_s)
         await self.engine.stop()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=30)

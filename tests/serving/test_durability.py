@@ -40,15 +40,21 @@ def test_restart_keeps_completed_and_fails_interrupted(host, tmp_path):
         assert second.service.store.recovered == 2
 
 
-def test_shutdown_fails_running_jobs_with_reason(host, tmp_path):
+def test_shutdown_lets_jobs_finish_within_the_grace_period_then_fails_the_rest_with_reason(host, tmp_path):
     deploy = tiny_deploy(tmp_path)
+    deploy.shutdown_grace_s = 60
     with ServerThread(deploy, host) as srv:
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
-        video = client.videos.create(
+        drained = client.videos.create(prompt="finished on the way out", **SMALL)
+    deploy.shutdown_grace_s = 0
+    with ServerThread(deploy, host) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
+        cut = client.videos.create(
             prompt="cut short", size="32x32", extra_body={"num_frames": 5, "num_inference_steps": 100}
         )
     store = JobStore(tmp_path)
-    job = store.get(video.id)
+    finished, job = store.get(drained.id), store.get(cut.id)
+    assert finished.status == "completed" and store.video_path(drained.id).stat().st_size > 1000
     store.close()
     assert job.status == "failed" and job.error.code == "cancelled" and "engine stopped" in job.error.message
 
