@@ -126,6 +126,8 @@ class Scheduler:
         if request.request_id in self.entries:
             raise ConfigError(f"request_id {request.request_id!r} is already in flight; use a unique id")
         if self.n_waiting >= self.admission.budget.max_waiting:
+            self._admit()  # places freed since the last tick first go to those already waiting
+        if self.n_waiting >= self.admission.budget.max_waiting:
             retry = self.admission.retry_after_s()
             raise QueueFull(
                 f"busy: {self.n_waiting} requests waiting (limit {self.admission.budget.max_waiting}); "

@@ -155,8 +155,9 @@ class Service:
             count, height, width = artifact.frames.shape[:3]
             if self.store.complete(job_id, f"{width}x{height}", f"{count / artifact.fps:g}"):
                 status = "completed"
-            else:  # deleted while the file was written
+            else:  # deleted while the files were written
                 path.unlink(missing_ok=True)
+                path.with_suffix(".json").unlink(missing_ok=True)
                 status = "cancelled"
         except Cancelled as exc:
             self.store.fail(job_id, "cancelled", str(exc))  # a no-op when the job was deleted
@@ -191,15 +192,16 @@ class Service:
             self._prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, task, body.plugin_options)
             for i in range(body.n)
         ]
-        rids: list[str] = []
-        try:
-            for request in requests:
-                rids.append(await self._submit(*served.loaded.job(request)))
-        except ApiError:
-            await asyncio.gather(*(self._abandon(rid) for rid in rids))
-            raise
+        first = await self._submit(*served.loaded.job(requests[0]))  # a full queue refuses the request
         self.metrics.requests.labels(served.name, "image").inc()
-        return list(await asyncio.gather(*(self._image(rid, served.name) for rid in rids)))
+        window = asyncio.Semaphore((self.deploy.limits or Limits()).max_running)
+
+        async def one(index: int, request: Request) -> str:
+            async with window:  # an n-image request holds at most max_running places, so others get in
+                rid = first if index == 0 else await self._submit_when_room(served.loaded.job(request))
+                return await self._image(rid, served.name)
+
+        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
 
     async def _image(self, rid: str, model: str) -> str:
         start, status = time.monotonic(), "failed"
@@ -219,13 +221,13 @@ class Service:
             self.metrics.jobs.labels(model, status).inc()
             self.metrics.latency.labels(model, status).observe(time.monotonic() - start)
 
-    async def _abandon(self, rid: str) -> None:
-        """Cancel a submitted request and drop its record."""
-        self.engine.cancel(rid, "a sibling image was refused")
-        try:
-            await self.engine.result(rid)
-        except Exception:  # Cancelled, or whatever ended it first
-            pass
+    async def _submit_when_room(self, job: tuple[Any, Any, Any]) -> str:
+        """Submit a later image of an admitted request, waiting while the queue is full."""
+        while True:
+            try:
+                return await self.engine.submit(*job)
+            except QueueFull as exc:
+                await asyncio.sleep(min(1.0, exc.retry_after_s))
 
     # -- shared ---------------------------------------------------------------------------------------
 

@@ -104,6 +104,25 @@ def test_images_generate(client):
     assert images[0].tobytes() != images[1].tobytes()  # seeds 5 and 6
 
 
+def test_many_images_are_admitted_one_by_one_and_do_not_starve_others(server, client):
+    # the server runs 2 and queues 4: 8 images at once would not fit, and used to be refused whole
+    many: dict = {}
+    images = threading.Thread(
+        target=lambda: many.update(
+            result=client.images.generate(
+                prompt="eight flowers", model=TINY, n=8, size="32x32", extra_body={"num_inference_steps": 2}
+            )
+        )
+    )
+    images.start()
+    others = [client.videos.create(prompt=f"meanwhile {i}", **SMALL) for i in range(3)]  # room is left
+    images.join()
+    assert len(many["result"].data) == 8
+    done = [client.videos.poll(v.id, poll_interval_ms=20) for v in others]
+    assert all(v.status == "completed" for v in done), [v.error for v in done]
+    wait_idle(server)
+
+
 def test_concurrent_jobs(client):
     ids: list[str] = []
 
