@@ -10,7 +10,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from fv_core.errors import ConfigError
 
     try:
-        import uvicorn
+        from fv_core.serving.server import DrainingServer
     except ImportError:
         raise ConfigError("fv serve needs the serve extra. Fix: pip install 'fv-core[serve]'") from None
 
@@ -26,7 +26,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"{args.deploy_file}: invalid deployment:\n" + "\n".join(f"  - {p}" for p in problems)
         )
     app = create_app(deploy, host, args.data_dir, args.api_key, args.device)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    DrainingServer(app, host=args.host, port=args.port, log_level=args.log_level).run()
     return 0
 
 

@@ -71,6 +71,7 @@ class Service:
         self.engine = AsyncEngine(Engine(budget, device=device), batching=deploy.determinism == "batched")
         self.live: dict[str, str] = {}  # job id -> engine request id, while running
         self._tasks: set[asyncio.Task] = set()
+        self.draining = False  # shutting down: no new jobs
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -83,11 +84,17 @@ class Service:
         """Apply the deployment's retention (expired jobs, then the disk cap)."""
         self.store.sweep(self.deploy.retention.max_bytes)
 
-    async def stop(self) -> None:
-        """Give in-flight jobs the deploy's grace period to finish, then stop the engine (the rest fail
-        with the reason) and let the job tasks record it."""
+    async def drain(self) -> None:
+        """Stop taking jobs (new ones answer 503) and give in-flight ones the deploy's grace period."""
+        self.draining = True
         if self._tasks and self.deploy.shutdown_grace_s > 0:
             await asyncio.wait(self._tasks, timeout=self.deploy.shutdown_grace_s)
+
+    async def stop(self) -> None:
+        """Drain (unless a drain ran already), stop the engine (the jobs left fail with the reason) and let
+        the job tasks record it."""
+        if not self.draining:
+            await self.drain()
         await self.engine.stop()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=30)
@@ -118,9 +125,21 @@ class Service:
             )
         return self.models[name]
 
+    def _check_taking_jobs(self) -> None:
+        """A new job while the server drains answers 503 with Retry-After."""
+        if self.draining:
+            raise ApiError(
+                503,
+                "the server is shutting down and takes no new jobs; running jobs finish and stay downloadable. "
+                "Fix: retry on another replica, or here after the restart.",
+                "shutting_down",
+                headers={"Retry-After": str(max(1, math.ceil(self.deploy.shutdown_grace_s)))},
+            )
+
     # -- videos ---------------------------------------------------------------------------------------
 
     async def create_video(self, body: VideoBase) -> Video:
+        self._check_taking_jobs()
         served = self.model(body.model)
         task = self._task(served, body.task, "video", image=body.input_reference is not None)
         program = served.loaded.card.programs[task]
@@ -184,6 +203,7 @@ class Service:
 
     async def generate_images(self, body: ImageBase) -> list[str]:
         """``n`` images as base64 PNGs; waits for them (like OpenAI's images API)."""
+        self._check_taking_jobs()
         served = self.model(body.model)
         task = self._task(served, body.task, "image")
         raw = self._raw(body)

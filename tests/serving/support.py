@@ -8,11 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from fv_core.deploy.card import DeploymentCard, parse_deploy
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.serving.app import create_app
+from fv_core.serving.server import DrainingServer
 
 TINY = "wan2.1-t2v-tiny"
 SMALL = {"size": "32x32", "extra_body": {"num_frames": 5, "num_inference_steps": 2, "seed": 1}}
@@ -47,8 +46,7 @@ class ServerThread:
     def __init__(self, deploy: DeploymentCard, host: PluginHost, api_key: str | None = None) -> None:
         self.port = free_port()
         self.app = create_app(deploy, host, api_key=api_key)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
+        self.server = DrainingServer(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

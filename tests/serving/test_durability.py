@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import openai
 import pytest
@@ -120,3 +122,27 @@ def test_served_jobs_report_when_they_expire(host, tmp_path):
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
         done = client.videos.create_and_poll(prompt="short-lived", poll_interval_ms=20, **SMALL)
         assert done.expires_at == done.completed_at + 60
+
+
+def test_sigterm_drains_new_jobs_503_running_ones_finish_and_stay_downloadable(host, tmp_path):
+    deploy = tiny_deploy(tmp_path)
+    deploy.shutdown_grace_s = 60
+    srv = ServerThread(deploy, host).__enter__()
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
+    running = client.videos.create(
+        prompt="finishing", size="32x32", extra_body={"num_frames": 5, "num_inference_steps": 40, "seed": 1}
+    )
+    srv.server.handle_exit(signal.SIGTERM, None)  # what `fv serve` gets from SIGTERM or Ctrl-C
+    deadline = time.monotonic() + 10
+    while not srv.service.draining and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.videos.create(prompt="too late", **SMALL)
+    assert refused.value.status_code == 503 and refused.value.response.headers["Retry-After"] == "60"
+    assert "shutting down" in refused.value.message and "Fix" in refused.value.message
+    assert client.videos.retrieve(running.id).status in ("queued", "in_progress")  # polls still answer
+    srv.thread.join(timeout=60)
+    assert not srv.thread.is_alive()  # it exits by itself once the running job is done
+    store = JobStore(tmp_path)
+    assert store.get(running.id).status == "completed" and store.video_path(running.id).stat().st_size > 1000
+    store.close()
