@@ -2,8 +2,8 @@
 
 Ids are ``video_`` + 32 hex digits; an id that does not match never reaches
 the filesystem, and artifact paths are built by the store, never taken from
-the caller. On open, jobs left queued or in progress by a process that died
-are marked failed with the reason.
+the caller. On open, jobs left in progress by a process that stopped are
+marked failed with the reason; queued jobs whose request was kept run again.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     seconds TEXT NOT NULL,
     prompt TEXT,
     error_code TEXT,
-    error_message TEXT
+    error_message TEXT,
+    request TEXT
 )
 """
 _COLUMNS = (
@@ -72,6 +73,8 @@ class JobStore:
         self.db = sqlite3.connect(self.root / "jobs.sqlite3", isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(_SCHEMA)
+        if "request" not in {row[1] for row in self.db.execute("PRAGMA table_info(jobs)")}:
+            self.db.execute("ALTER TABLE jobs ADD COLUMN request TEXT")  # a data dir from before requeueing
         self.recovered = self._recover()
 
     def close(self) -> None:
@@ -100,21 +103,40 @@ class JobStore:
         return handle
 
     def _recover(self) -> int:
-        """Fail the jobs a previous process left unfinished; returns how many."""
+        """Fail the jobs a previous process left unfinished, except queued ones it can run again (their
+        request was kept); returns how many failed."""
         cur = self.db.execute(
             "UPDATE jobs SET status='failed', error_code='server_restart', error_message="
             "'the server stopped while this job was ' || status || '; submit it again' "
-            "WHERE status IN ('queued', 'in_progress')"
+            "WHERE status='in_progress' OR (status='queued' AND request IS NULL)"
         )
         return cur.rowcount
 
+    def queued(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(id, model, request) of each queued job with a kept request, oldest first."""
+        rows = self.db.execute(
+            "SELECT id, model, request FROM jobs WHERE status='queued' AND request IS NOT NULL ORDER BY seq"
+        ).fetchall()
+        return [(job_id, model, json.loads(request)) for job_id, model, request in rows]
+
+    def is_requeueable(self, job_id: str) -> bool:
+        """Whether a job never started and can run again after a restart."""
+        row = self.db.execute(
+            "SELECT 1 FROM jobs WHERE id=? AND status='queued' AND request IS NOT NULL", (job_id,)
+        ).fetchone()
+        return row is not None
+
     # -- writes ---------------------------------------------------------------------------------------
 
-    def create(self, job_id: str, model: str, size: str, seconds: str, prompt: str) -> Video:
+    def create(
+        self, job_id: str, model: str, size: str, seconds: str, prompt: str, request: dict | None = None
+    ) -> Video:
+        """A queued job; ``request`` (JSON-able) lets a restarted server run it if it never started."""
         now = int(time.time())
         self.db.execute(
-            "INSERT INTO jobs (id, model, status, created_at, size, seconds, prompt) VALUES (?,?,?,?,?,?,?)",
-            (job_id, model, "queued", now, size, seconds, prompt),
+            "INSERT INTO jobs (id, model, status, created_at, size, seconds, prompt, request) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            (job_id, model, "queued", now, size, seconds, prompt, json.dumps(request) if request else None),
         )
         return Video(
             id=job_id,

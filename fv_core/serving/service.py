@@ -79,6 +79,9 @@ class Service:
         self.models = await asyncio.to_thread(self._load_models)
         self.sweep()
         await self.engine.start()
+        requeue = asyncio.create_task(self._requeue())
+        self._tasks.add(requeue)
+        requeue.add_done_callback(self._tasks.discard)
 
     def sweep(self) -> None:
         """Apply the deployment's retention (expired jobs, then the disk cap)."""
@@ -153,13 +156,31 @@ class Service:
         p = request.params
         size = f"{p.width}x{p.height}" if hasattr(p, "width") else "auto"
         seconds = f"{p.num_frames / p.fps:g}" if hasattr(p, "num_frames") and hasattr(p, "fps") else "auto"
-        video = self.store.create(job_id, served.name, size, seconds, body.prompt)
-        self.live[job_id] = rid
+        kept = None if parts else {"raw": raw, "task": task, "plugin_options": body.plugin_options}
+        video = self.store.create(job_id, served.name, size, seconds, body.prompt, kept)
         self.metrics.requests.labels(served.name, "video").inc()
-        task_ = asyncio.create_task(self._run_video(job_id, rid, served, request))
-        self._tasks.add(task_)
-        task_.add_done_callback(self._tasks.discard)
+        self._follow_video(job_id, rid, served, request)
         return video
+
+    def _follow_video(self, job_id: str, rid: str, served: ServedModel, request: Request) -> None:
+        self.live[job_id] = rid
+        task = asyncio.create_task(self._run_video(job_id, rid, served, request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _requeue(self) -> None:
+        """Run again the queued jobs a stopped server kept (the same request and seed)."""
+        for job_id, model, kept in self.store.queued():
+            try:
+                served = self.model(model)
+                request = self._prepare(served, kept["raw"], kept["task"], kept["plugin_options"])
+            except ApiError as exc:  # the deployment changed meanwhile
+                self.store.fail(
+                    job_id, "server_restart", f"after the restart this job cannot run: {exc.message}"
+                )
+                continue
+            rid = await self._submit_when_room(served.loaded.job(request))
+            self._follow_video(job_id, rid, served, request)
 
     async def _run_video(self, job_id: str, rid: str, served: ServedModel, request: Request) -> None:
         """Follow the job, then save its artifact (the mp4, with sound when the task makes it, and the
@@ -179,8 +200,11 @@ class Service:
                 path.with_suffix(".json").unlink(missing_ok=True)
                 status = "cancelled"
         except Cancelled as exc:
-            self.store.fail(job_id, "cancelled", str(exc))  # a no-op when the job was deleted
-            status = "cancelled"
+            if self.draining and self.store.is_requeueable(job_id):
+                status = "requeued"  # it never started: the next server runs it
+            else:
+                self.store.fail(job_id, "cancelled", str(exc))  # a no-op when the job was deleted
+                status = "cancelled"
         except AdmissionInfeasible as exc:  # refused by the engine after the job was created
             self.metrics.refusals.labels("infeasible").inc()
             self.store.fail(job_id, "admission_infeasible", str(exc))

@@ -48,17 +48,35 @@ def test_shutdown_lets_jobs_finish_within_the_grace_period_then_fails_the_rest_w
     with ServerThread(deploy, host) as srv:
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
         drained = client.videos.create(prompt="finished on the way out", **SMALL)
+    store = JobStore(tmp_path)
+    assert store.get(drained.id).status == "completed" and store.video_path(drained.id).stat().st_size > 1000
+    store.close()
+
+
+def test_queued_jobs_stay_queued_through_a_restart_and_run_with_the_same_request(host, tmp_path):
+    deploy = tiny_deploy(tmp_path, max_running=1)
     deploy.shutdown_grace_s = 0
+    long = {"size": "32x32", "extra_body": {"num_frames": 5, "num_inference_steps": 100}}
     with ServerThread(deploy, host) as srv:
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
-        cut = client.videos.create(
-            prompt="cut short", size="32x32", extra_body={"num_frames": 5, "num_inference_steps": 100}
-        )
+        cut = client.videos.create(prompt="cut short", **long)
+        waiting = client.videos.create(prompt="run after the restart", **SMALL)
+        while client.videos.retrieve(cut.id).status != "in_progress":
+            time.sleep(0.01)
     store = JobStore(tmp_path)
-    finished, job = store.get(drained.id), store.get(cut.id)
-    assert finished.status == "completed" and store.video_path(drained.id).stat().st_size > 1000
-    store.close()
+    job = store.get(cut.id)
     assert job.status == "failed" and job.error.code == "cancelled" and "engine stopped" in job.error.message
+    assert store.get(waiting.id).status == "queued"
+    store.close()
+
+    deploy.shutdown_grace_s = 30
+    with ServerThread(deploy, host) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
+        done = client.videos.poll(waiting.id, poll_interval_ms=20)
+        assert done.status == "completed" and done.prompt == "run after the restart"
+        again = client.videos.create_and_poll(prompt="run after the restart", poll_interval_ms=20, **SMALL)
+        same = [client.videos.download_content(v.id).read() for v in (done, again)]
+        assert same[0] == same[1]  # the kept request: same params and seed
 
 
 def test_a_second_server_on_the_same_data_dir_refuses_and_the_first_keeps_serving(host, tmp_path):
@@ -145,4 +163,26 @@ def test_sigterm_drains_new_jobs_503_running_ones_finish_and_stay_downloadable(h
     assert not srv.thread.is_alive()  # it exits by itself once the running job is done
     store = JobStore(tmp_path)
     assert store.get(running.id).status == "completed" and store.video_path(running.id).stat().st_size > 1000
+    store.close()
+
+
+def test_a_data_dir_from_before_requeueing_opens_and_keeps_its_jobs(tmp_path):
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "jobs.sqlite3")
+    old.execute(
+        "CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, model TEXT NOT NULL, "
+        "status TEXT NOT NULL, progress INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL, "
+        "completed_at INTEGER, size TEXT NOT NULL, seconds TEXT NOT NULL, prompt TEXT, error_code TEXT, "
+        "error_message TEXT)"
+    )
+    job_id = new_job_id()
+    old.execute(
+        "INSERT INTO jobs (id, model, status, created_at, size, seconds) VALUES (?, 'm', 'queued', 1, '32x32', '1')",
+        (job_id,),
+    )
+    old.commit()
+    old.close()
+    store = JobStore(tmp_path)
+    assert store.get(job_id).error.code == "server_restart" and store.queued() == []
     store.close()
