@@ -284,7 +284,11 @@ async def _read_body(request: Request) -> dict[str, Any]:
         try:
             form = await request.form()
         except Exception as exc:  # malformed multipart: the client's fault
-            raise ApiError(400, f"unreadable form body: {exc}", "invalid_body") from None
+            raise ApiError(
+                400,
+                f"unreadable form body: {exc}. Fix: send multipart/form-data with its boundary, or a JSON object.",
+                "invalid_body",
+            ) from None
         return _nest([(k, v) for k, v in form.multi_items()])
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:

@@ -110,6 +110,36 @@ def test_hostile_bodies_get_4xx_and_the_server_keeps_serving(server, client):
     assert client.models.list().data  # still serving
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("text/plain", b"prompt=a cat"),
+        ("application/xml", b"<prompt>a cat</prompt>"),
+        ("multipart/form-data", b"no boundary"),
+        ("multipart/form-data; boundary=x", b"--x\r\nbroken"),
+        ("application/json; charset=latin-1", '{"prompt": "caf\u00e9"}'.encode("latin-1")),
+        ("application/json", b'{"prompt": "\\ud800 lone surrogate", "size": "-32x32"}'),
+        ("application/json", b'{"prompt": "a", "num_frames": 0, "size": "32x32"}'),
+        ("application/json", b'{"prompt": "a", "num_inference_steps": -1, "size": "32x32"}'),
+        ("application/json", b'{"prompt": "a", "seconds": "-1"}'),
+        ("application/json", b'{"prompt": "a", "size": "0x0"}'),
+        ("application/json", b'{"prompt": "a", "guidance_scale": "high"}'),
+    ],
+)
+def test_bad_content_types_forms_and_values_are_400(server, content_type, body):
+    response = httpx.post(
+        f"{server.url}/v1/videos", content=body, headers={**AUTH, "content-type": content_type}
+    )
+    err = error_of(response, 400)
+    assert err["message"] and "Fix" in err["message"]
+
+
+def test_unicode_and_huge_ids_are_404(server):
+    for bad in ("vid\u00e9o_\u00fc", "video_" + "\u00e9" * 32, "x" * 10_000, "video_%F0%9F%98%80"):
+        assert httpx.get(f"{server.url}/v1/videos/{bad}", headers=AUTH).status_code == 404
+        assert httpx.delete(f"{server.url}/v1/videos/{bad}", headers=AUTH).status_code == 404
+
+
 def test_malformed_bodies_are_400(server):
     post = lambda **kw: httpx.post(f"{server.url}/v1/videos", headers=AUTH, **kw)  # noqa: E731
     assert error_of(post(content=b"{not json"), 400)["code"] == "invalid_json"
