@@ -160,7 +160,7 @@ def _v1_router(api_key: str | None, video_body: type[Strict], image_body: type[S
         request: Request, response: Response, service: Service = Depends(_service)
     ) -> Video:
         body = _validate(video_body, _drop_ignored(await _read_body(request), response))
-        return await service.create_video(body)  # type: ignore[arg-type]
+        return await service.create_video(body, request.state.request_id)  # type: ignore[arg-type]
 
     @router.get("/videos", response_model=VideoList)
     async def list_videos(

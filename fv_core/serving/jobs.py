@@ -38,9 +38,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     prompt TEXT,
     error_code TEXT,
     error_message TEXT,
-    request TEXT
+    request TEXT,
+    request_id TEXT
 )
 """
+_ADDED_COLUMNS = ("request", "request_id")  # data dirs from before them gain them on open
 _COLUMNS = (
     "id, model, status, progress, created_at, completed_at, size, seconds, prompt, error_code, error_message"
 )
@@ -73,8 +75,10 @@ class JobStore:
         self.db = sqlite3.connect(self.root / "jobs.sqlite3", isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(_SCHEMA)
-        if "request" not in {row[1] for row in self.db.execute("PRAGMA table_info(jobs)")}:
-            self.db.execute("ALTER TABLE jobs ADD COLUMN request TEXT")  # a data dir from before requeueing
+        present = {row[1] for row in self.db.execute("PRAGMA table_info(jobs)")}
+        for column in _ADDED_COLUMNS:
+            if column not in present:
+                self.db.execute(f"ALTER TABLE jobs ADD COLUMN {column} TEXT")
         self.recovered = self._recover()
 
     def close(self) -> None:
@@ -119,6 +123,11 @@ class JobStore:
         ).fetchall()
         return [(job_id, model, json.loads(request)) for job_id, model, request in rows]
 
+    def request_id(self, job_id: str) -> str | None:
+        """The ``x-request-id`` of the HTTP request that created the job."""
+        row = self.db.execute("SELECT request_id FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return row[0] if row else None
+
     def is_requeueable(self, job_id: str) -> bool:
         """Whether a job never started and can run again after a restart."""
         row = self.db.execute(
@@ -129,14 +138,23 @@ class JobStore:
     # -- writes ---------------------------------------------------------------------------------------
 
     def create(
-        self, job_id: str, model: str, size: str, seconds: str, prompt: str, request: dict | None = None
+        self,
+        job_id: str,
+        model: str,
+        size: str,
+        seconds: str,
+        prompt: str,
+        request: dict | None = None,
+        request_id: str | None = None,
     ) -> Video:
-        """A queued job; ``request`` (JSON-able) lets a restarted server run it if it never started."""
+        """A queued job; ``request`` (JSON-able) lets a restarted server run it if it never started;
+        ``request_id`` is the HTTP request's ``x-request-id``."""
         now = int(time.time())
+        kept = json.dumps(request) if request else None
         self.db.execute(
-            "INSERT INTO jobs (id, model, status, created_at, size, seconds, prompt, request) "
-            "VALUES (?,?,?,?,?,?,?,?)",
-            (job_id, model, "queued", now, size, seconds, prompt, json.dumps(request) if request else None),
+            "INSERT INTO jobs (id, model, status, created_at, size, seconds, prompt, request, request_id) "
+            "VALUES (?,?,?,?,?,?,?,?,?)",
+            (job_id, model, "queued", now, size, seconds, prompt, kept, request_id),
         )
         return Video(
             id=job_id,

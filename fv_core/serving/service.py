@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import logging
 import math
 import secrets
 import time
@@ -32,6 +33,8 @@ from fv_core.runtime import AsyncEngine, Budget, Engine
 from fv_core.serving.jobs import JobStore, new_job_id
 from fv_core.serving.metrics import Metrics
 from fv_core.serving.schemas import API_FIELDS, ImageBase, Video, VideoBase
+
+log = logging.getLogger("fv.serving")
 
 
 class ApiError(Exception):
@@ -141,7 +144,7 @@ class Service:
 
     # -- videos ---------------------------------------------------------------------------------------
 
-    async def create_video(self, body: VideoBase) -> Video:
+    async def create_video(self, body: VideoBase, request_id: str | None = None) -> Video:
         self._check_taking_jobs()
         served = self.model(body.model)
         task = self._task(served, body.task, "video", image=body.input_reference is not None)
@@ -157,7 +160,8 @@ class Service:
         size = f"{p.width}x{p.height}" if hasattr(p, "width") else "auto"
         seconds = f"{p.num_frames / p.fps:g}" if hasattr(p, "num_frames") and hasattr(p, "fps") else "auto"
         kept = None if parts else {"raw": raw, "task": task, "plugin_options": body.plugin_options}
-        video = self.store.create(job_id, served.name, size, seconds, body.prompt, kept)
+        video = self.store.create(job_id, served.name, size, seconds, body.prompt, kept, request_id)
+        log.info("job %s created by request %s", job_id, request_id)
         self.metrics.requests.labels(served.name, "video").inc()
         self._follow_video(job_id, rid, served, request)
         return video
@@ -209,6 +213,7 @@ class Service:
             self.metrics.refusals.labels("infeasible").inc()
             self.store.fail(job_id, "admission_infeasible", str(exc))
         except Exception as exc:  # the job fails with the reason; the server keeps serving
+            log.exception("job %s (request %s) failed", job_id, self.store.request_id(job_id))
             self.store.fail(job_id, "generation_failed", f"{type(exc).__name__}: {exc}")
         finally:
             self.live.pop(job_id, None)

@@ -225,3 +225,9 @@ def test_every_answer_carries_a_request_id(server):
     assert mine.headers["x-request-id"] == "trace-42"
     fresh = httpx.get(f"{server.url}/v1/videos/nope", headers=AUTH)
     assert fresh.status_code == 404 and len(fresh.headers["x-request-id"]) == 32
+    body = {"prompt": "traced", "size": "32x32", "num_frames": 5, "num_inference_steps": 1}
+    job = httpx.post(
+        f"{server.url}/v1/videos", json=body, headers={**AUTH, "x-request-id": "trace-43"}
+    ).json()
+    assert server.service.store.request_id(job["id"]) == "trace-43"  # the job record names its request
+    wait_idle(server)
