@@ -271,12 +271,13 @@ class Service:
             self.metrics.latency.labels(model, status).observe(time.monotonic() - start)
 
     async def _submit_when_room(self, job: tuple[Any, Any, Any]) -> str:
-        """Submit a later image of an admitted request, waiting while the queue is full."""
+        """Submit work already accepted (a later image of a request, a job kept over a restart), waiting
+        while the queue is full."""
         while True:
             try:
                 return await self.engine.submit(*job)
             except QueueFull as exc:
-                await asyncio.sleep(min(1.0, exc.retry_after_s))
+                await asyncio.sleep(min(1.0, max(0.01, exc.retry_after_s)))
 
     # -- shared ---------------------------------------------------------------------------------------
 
