@@ -29,7 +29,7 @@ LIMITS = {
     "max_frames": 5,
     "max_height": 32,
     "max_width": 32,
-    "max_steps": 2,
+    "max_steps": 4,  # the tiny card's default, so omitted steps are accepted
     "max_queue": 8,
     "max_running": 4,
 }

@@ -42,7 +42,11 @@ class WanParams(Params):
         json_schema_extra=param_meta("max_guidance", "--guidance"),
     )
     sampler: Literal["unipc", "euler", "dmd"] = Field(description="sampler (the card's loop lists its own)")
-    flow_shift: float = Field(gt=0.0, le=100.0, description="flow-matching sigma shift")
+    flow_shift: float = Field(
+        ge=0.01,
+        le=100.0,
+        description="flow-matching sigma shift (below 0.01 the schedule collapses to no noise)",
+    )
     max_sequence_length: int = Field(ge=1, le=512, description="prompt tokens (padded or truncated)")
     cfg_mode: Literal["two_forward", "batched"] = Field(description="CFG as two forwards or one batched")
     fps: int = Field(ge=1, le=240, description="frames per second of the saved video")
