@@ -201,28 +201,23 @@ class JobStore:
         """Delete expired finished jobs, then the oldest finished ones while the videos folder holds more
         than ``max_bytes``; returns the ids deleted."""
         now = int(time.time()) if now is None else now
-        finished = self.db.execute(
-            "SELECT id, COALESCE(completed_at, created_at) AS ended FROM jobs "
-            "WHERE status IN ('completed','failed') ORDER BY ended"
-        ).fetchall()
-        expired = [i for i, ended in finished if self.max_age_s is not None and ended + self.max_age_s <= now]
-        left = [i for i, _ in finished if i not in set(expired)]  # oldest first
-        size = (
-            sum(p.stat().st_size for p in self.videos.glob("*") if p.is_file())
-            if max_bytes is not None
-            else 0
-        )
-        while max_bytes is not None and size > max_bytes and left:
-            oldest = left.pop(0)
-            size -= sum(
-                p.stat().st_size
-                for p in (self.video_path(oldest), self.video_path(oldest).with_suffix(".json"))
-                if p.is_file()
-            )
-            expired.append(oldest)
-        for job_id in expired:
+        deadline = now - self.max_age_s if self.max_age_s is not None else -1  # ended at or before: expired
+        finished = "FROM jobs WHERE status IN ('completed','failed')"
+        ended = "COALESCE(completed_at, created_at)"
+        deleted = [r[0] for r in self.db.execute(f"SELECT id {finished} AND {ended} <= ?", (deadline,))]
+        for job_id in deleted:
             self.delete(job_id)
-        return expired
+        if max_bytes is None:
+            return deleted
+        size = sum(p.stat().st_size for p in self.videos.iterdir() if p.is_file())
+        for (job_id,) in self.db.execute(f"SELECT id {finished} ORDER BY {ended}").fetchall():  # oldest first
+            if size <= max_bytes:
+                break
+            files = (self.video_path(job_id), self.video_path(job_id).with_suffix(".json"))
+            size -= sum(f.stat().st_size for f in files if f.is_file())
+            self.delete(job_id)
+            deleted.append(job_id)
+        return deleted
 
     # -- reads ----------------------------------------------------------------------------------------
 
