@@ -151,6 +151,7 @@ class LoadedModel:
             raise ConfigError(explain(exc, where, cls.model_fields), param=param) from None
         self._check_limits(params)
         params.check(self.card, loop_id)
+        self._check_card_caps(params)
         if "num_inference_steps" in cls.model_fields:
             recipe_loop = self.card.loops[loop_id].variant_of or loop_id
             check_loop_request(self.card, recipe_loop, params.num_inference_steps)  # type: ignore[attr-defined]
@@ -178,6 +179,27 @@ class LoadedModel:
             if check is not None:
                 check(request, self.instance)
         return request
+
+    def _check_card_caps(self, params: Params) -> None:
+        """The card's own caps (``capabilities.max_frames`` / ``max_resolution``), for any family whose
+        params have ``num_frames`` / ``height`` and ``width``."""
+        caps = self.card.capabilities
+        frames = getattr(params, "num_frames", None)
+        if caps.max_frames is not None and frames is not None and frames > caps.max_frames:
+            raise ConfigError(
+                f"num_frames={frames} exceeds this card's max_frames={caps.max_frames}. "
+                f"Fix: use at most {caps.max_frames}",
+                param="num_frames",
+            )
+        height, width = getattr(params, "height", None), getattr(params, "width", None)
+        if caps.max_resolution and height is not None and width is not None:
+            max_h, max_w = caps.max_resolution
+            if height * width > max_h * max_w:
+                raise ConfigError(
+                    f"size {width}x{height} exceeds this card's max resolution {max_w}x{max_h}. "
+                    "Fix: ask for a smaller size",
+                    param="height",
+                )
 
     def _check_limits(self, params: Params) -> None:
         if self.limits is None:

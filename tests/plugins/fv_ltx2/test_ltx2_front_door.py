@@ -100,6 +100,7 @@ def test_c0_components_equal_the_pipelines(model, pipe):
         ({"max_sequence_length": 200}, r"max_sequence_length=200 must be a multiple of 128.*Fix: use 128"),
         ({"fps": 0}, r"fps: Input should be greater than 0"),
         ({"num_frames": 129}, r"num_frames=129 exceeds this card's max_frames=121"),
+        ({"height": 544, "width": 512}, r"size 512x544 exceeds this card's max resolution 512x512.*Fix"),
         ({"num_inference_steps": 1}, r"runs 2..200 steps; got 1"),  # one step stretches to a NaN sigma
     ],
 )

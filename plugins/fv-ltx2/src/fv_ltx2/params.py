@@ -81,13 +81,6 @@ class LTX2Params(Params):
                 "for one audio latent (40 ms). Fix: ask for more frames or a lower fps",
                 param="num_frames",
             )
-        max_hw = card.capabilities.max_resolution
-        if max_hw and self.height * self.width > max_hw[0] * max_hw[1]:
-            raise ConfigError(
-                f"size {self.width}x{self.height} exceeds this card's max resolution {max_hw[1]}x{max_hw[0]}. "
-                "Fix: ask for a smaller size",
-                param="height",
-            )
         if self.stg_on and not self.spatio_temporal_guidance_blocks:
             raise ConfigError(
                 "STG is on (stg_scale or audio_stg_scale > 0) but spatio_temporal_guidance_blocks is empty. "
@@ -109,12 +102,6 @@ class LTX2Params(Params):
                 f"spatio_temporal_guidance_blocks={self.spatio_temporal_guidance_blocks}: blocks {outside} do not "
                 f"exist; {card.model_id!r} has blocks 0..{blocks - 1}. Fix: name blocks that exist",
                 param="spatio_temporal_guidance_blocks",
-            )
-        frames = card.capabilities.max_frames
-        if frames is not None and self.num_frames > frames:
-            raise ConfigError(
-                f"num_frames={self.num_frames} exceeds this card's max_frames={frames}. Fix: use at most {frames}",
-                param="num_frames",
             )
 
     # -- the scales the loop runs (audio ones fall back to the video ones, as diffusers' `or` does) --

@@ -59,12 +59,6 @@ class WanParams(Params):
                 f"Fix: use {max(1, (frames - 1) // 4 * 4 + 1)}",
                 param="num_frames",
             )
-        if frames > (card.capabilities.max_frames or frames):
-            raise ConfigError(
-                f"num_frames={frames} exceeds this card's max_frames={card.capabilities.max_frames}. "
-                f"Fix: use at most {card.capabilities.max_frames}",
-                param="num_frames",
-            )
         for name, value in (("height", self.height), ("width", self.width)):
             if value % 16:
                 raise ConfigError(
@@ -72,13 +66,6 @@ class WanParams(Params):
                     f"Fix: use {max(16, value // 16 * 16)}",
                     param=name,
                 )
-        max_hw = card.capabilities.max_resolution
-        if max_hw and self.height * self.width > max_hw[0] * max_hw[1]:
-            raise ConfigError(
-                f"size {self.width}x{self.height} exceeds this card's max resolution {max_hw[1]}x{max_hw[0]}. "
-                "Fix: ask for a smaller size",
-                param="height",
-            )
         samplers = card.loops[loop_id].samplers
         if self.sampler not in samplers:
             raise RecipeLoopMismatch(
