@@ -18,6 +18,7 @@ from fv_core import (
     StepsContract,
     WorkUnitKind,
 )
+from fv_ltx2.program import GUIDANCE_OFF
 
 TASKS = {"t2av", "t2av-two-stage", "i2av"}
 # The sigmas LTX-2's distilled weights were made for (8 steps; diffusers' DISTILLED_SIGMA_VALUES), and
@@ -252,14 +253,5 @@ def ltx2_distilled() -> ModelCard:
         "with the distilled transformer; pass --weights).",
         recipe,
         StepCostModel(base_s=0.05, per_token_s=4e-5, peak_bytes_per_token=150_000),
-        defaults=dict(
-            num_inference_steps=8,
-            sigmas=DISTILLED_SIGMAS,
-            guidance_scale=1.0,
-            stg_scale=0.0,
-            modality_scale=1.0,
-            audio_guidance_scale=1.0,
-            audio_stg_scale=0.0,
-            audio_modality_scale=1.0,
-        ),  # fmt: skip
+        defaults=dict(num_inference_steps=8, sigmas=DISTILLED_SIGMAS, **GUIDANCE_OFF),
     )
