@@ -13,6 +13,7 @@ from typing import Any
 from fv_core.errors import ConfigError, FvError
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.request.params import field_extra
+from fv_core.request.parts import image_part
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -129,12 +130,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.attention:
         deploy = with_kernels(host, deploy, name, weights, {"attention": args.attention})
     model = load(name, weights, deploy=deploy, host=host)
-    parts = [read_image(args.image)] if args.image else []
+    parts = [image_part(args.image)] if args.image else []
     if parts and task is None:  # an image picks the model's first task that takes one
-        card = model.card
-        task = next(
-            (t for t in card.tasks if "image" in card.loops[card.programs[t].stages[0]].accepts), None
-        )
+        task = model.image_task()
     outputs = model.card.programs[model.program(task)[0]].outputs
     output = Path(args.output or DEFAULT_OUTPUT[outputs[0]])
     if output.suffix.lower() not in SUFFIXES[outputs[0]]:
@@ -157,22 +155,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         assert sound is not None, "a task that outputs audio makes a sound track"
         print(f"wrote {sound.save(args.audio_out)}")
     return 0
-
-
-def read_image(path: str):
-    """An image file as an ImagePart ([H, W, 3] float32 in 0..1)."""
-    import numpy as np
-    from PIL import Image, UnidentifiedImageError
-
-    from fv_core.request import ImagePart
-
-    try:
-        with Image.open(path) as image:
-            return ImagePart(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0)
-    except (OSError, UnidentifiedImageError) as exc:
-        raise ConfigError(
-            f"--image {path}: not a readable image ({exc}). Fix: pass a PNG or JPEG file."
-        ) from None
 
 
 DEFAULT_OUTPUT = {"video": "out.mp4", "image": "out.png", "audio": "out.wav", "text": "out.txt"}

@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel, ValidationError
 
 from fv_core.artifacts import AudioArtifact, ImageArtifact, TextArtifact, VideoArtifact
-from fv_core.card.spec import ModelCard, ProgramSpec
+from fv_core.card.spec import LoopSpec, ModelCard, ProgramSpec
 from fv_core.card.validate import check_loop_request
 from fv_core.deploy.card import Limits
 from fv_core.errors import ConfigError, LimitExceeded, UnknownKeyError, error_field, explain
@@ -28,7 +28,7 @@ from fv_core.loop.contracts import Loop, LoopResult
 from fv_core.program import Program, Stage
 from fv_core.registry import resolve_lazy
 from fv_core.request.params import Params, field_extra
-from fv_core.request.parts import Part
+from fv_core.request.parts import Part, image_part
 from fv_core.request.request import Request
 
 Progress = Callable[[int, int], None]
@@ -156,14 +156,7 @@ class LoadedModel:
             recipe_loop = self.card.loops[loop_id].variant_of or loop_id
             check_loop_request(self.card, recipe_loop, params.num_inference_steps)  # type: ignore[attr-defined]
         parts = tuple(parts)
-        accepted = self.card.loops[loop_id].accepts
-        refused = [p.kind for p in parts if p.kind not in accepted]
-        if refused:
-            raise ConfigError(
-                f"task {task!r} of {self.card.model_id!r} takes input parts {accepted or 'none'} besides its "
-                f"params; got {refused}. Fix: drop them, or use a task that takes them.",
-                param="parts",
-            )
+        self._check_parts(task, self.card.loops[loop_id], parts)
         request = Request(
             request_id=request_id or uuid.uuid4().hex[:16],
             task=task,
@@ -179,6 +172,27 @@ class LoadedModel:
             if check is not None:
                 check(request, self.instance)
         return request
+
+    def _check_parts(self, task: str, loop: LoopSpec, parts: tuple[Part, ...]) -> None:
+        """The loop takes only the kinds it ``accepts``, and each kind it ``requires`` exactly once."""
+        refused = [p.kind for p in parts if p.kind not in loop.accepts]
+        if refused:
+            raise ConfigError(
+                f"task {task!r} of {self.card.model_id!r} takes input parts {loop.accepts or 'none'} besides "
+                f"its params; got {refused}. Fix: drop them, or use a task that takes them.",
+                param="parts",
+            )
+        for kind in loop.requires:
+            count = sum(p.kind == kind for p in parts)
+            if count != 1:
+                flags = (
+                    " (Python image=..., CLI --image PATH, HTTP input_reference)" if kind == "image" else ""
+                )
+                raise ConfigError(
+                    f"task {task!r} of {self.card.model_id!r} needs exactly one {kind}; the request has {count}. "
+                    f"Fix: send one {kind}{flags}.",
+                    param=kind,
+                )
 
     def _check_card_caps(self, params: Params) -> None:
         """The card's own caps (``capabilities.max_frames`` / ``max_resolution``), for any family whose
@@ -231,14 +245,21 @@ class LoadedModel:
         parts: Iterable[Part] = (),
         plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
         progress: Progress | None = None,
+        image: Any = None,
         **params: Any,
     ) -> Artifact:
         """Run one request: ``model.generate(prompt="a red circle moving left", seed=1)``.
 
         Omitted params take the card's defaults (``fv cards --json`` lists them); returns the
-        task's artifact (a VideoArtifact for ``t2v``), with a provenance that replays it."""
+        task's artifact (a VideoArtifact for ``t2v``), with a provenance that replays it.
+        ``image`` (a PIL image, path, bytes or array) is one more image part; without a ``task``
+        it picks the card's first task that takes an image."""
         from fv_core.runtime.engine import Engine
 
+        parts = tuple(parts)
+        if image is not None:
+            parts += (image_part(image),)
+            task = task or self.image_task()
         request = self.prepare(params, task=task, parts=parts, plugin_options=plugin_options)
 
         def on_event(event: Any) -> None:
@@ -250,6 +271,13 @@ class LoadedModel:
             engine = Engine(device=getattr(self.instance, "device", "cpu"), on_event=on_event)
             result = engine.run_one(*self.job(request))
         return self.artifact(request, result, time.perf_counter() - start)
+
+    def image_task(self) -> str | None:
+        """The card's first task whose loop takes an image part (None when none does)."""
+        card = self.card
+        return next(
+            (t for t in card.tasks if "image" in card.loops[card.programs[t].stages[0]].accepts), None
+        )
 
     # -- results --------------------------------------------------------------------------------
 

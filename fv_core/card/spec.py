@@ -71,6 +71,7 @@ class LoopSpec(Spec):
         None  # the loop whose weights and step contract this one shares (e.g. i2v of t2v)
     )
     accepts: list[PartKind] = Field(default_factory=list)  # input parts the loop takes besides its params
+    requires: list[PartKind] = Field(default_factory=list)  # of those, kinds a request must send exactly once
 
 
 class ProgramSpec(Spec):

@@ -3,7 +3,7 @@
 from fv_core.loop.contracts import StreamEvent
 from fv_core.request.cancel import CancelScope
 from fv_core.request.params import Params, param_meta
-from fv_core.request.parts import AudioPart, ImagePart, Part, TextPart, VideoPart
+from fv_core.request.parts import AudioPart, ImagePart, Part, TextPart, VideoPart, image_part
 from fv_core.request.request import Request
 
 TERMINAL_EVENTS = frozenset({"done", "error", "cancelled"})  # kinds that end a request's stream
@@ -19,5 +19,6 @@ __all__ = [
     "StreamEvent",
     "TextPart",
     "VideoPart",
+    "image_part",
     "param_meta",
 ]

@@ -27,7 +27,7 @@ from fv_core.load import load
 from fv_core.loop.contracts import LoopResult
 from fv_core.model import LoadedModel
 from fv_core.plugins import PluginHost
-from fv_core.request import ImagePart, Request
+from fv_core.request import ImagePart, Request, image_part
 from fv_core.request.params import MAX_SEED
 from fv_core.runtime import AsyncEngine, Budget, Engine
 from fv_core.serving.jobs import JobStore, new_job_id
@@ -324,11 +324,9 @@ class Service:
                 "input_reference",
             )
         try:
-            return (ImagePart(await asyncio.to_thread(decode_image, await reference.read())),)
-        except OSError as exc:
-            raise ApiError(
-                400, f"input_reference is not a readable image ({exc}).", "invalid_image", "input_reference"
-            ) from None
+            return (await asyncio.to_thread(image_part, await reference.read()),)
+        except ConfigError as exc:
+            raise ApiError(400, f"input_reference: {exc}", "invalid_image", "input_reference") from None
 
     @staticmethod
     def _raw(body: VideoBase | ImageBase) -> dict[str, Any]:
@@ -407,14 +405,6 @@ def save_atomically(artifact: VideoArtifact, path: Path) -> None:
     tmp = artifact.save(path.with_name(f".{path.name}"))
     tmp.with_suffix(".json").replace(path.with_suffix(".json"))
     tmp.replace(path)
-
-
-def decode_image(data: bytes) -> np.ndarray:
-    """An uploaded image as ``[H, W, 3]`` float32 in 0..1 (OSError when it is not one)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as image:
-        return np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
 
 
 def encode_png(frame: np.ndarray) -> bytes:

@@ -7,6 +7,7 @@ import numpy as np
 import openai
 import pytest
 
+from fv_core import ConfigError
 from tests.serving.support import SMALL, TINY, wait_idle
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -215,13 +216,14 @@ def test_unknown_route_and_method(server):
 
 
 def test_uploaded_references_decode_to_image_parts():
-    from fv_core.serving.service import decode_image, encode_png
+    from fv_core.request import image_part
+    from fv_core.serving.service import encode_png
 
-    frame = np.random.default_rng(0).random((8, 12, 3)).astype(np.float32)
-    image = decode_image(encode_png(frame))
-    assert image.shape == (8, 12, 3) and np.abs(image - frame).max() <= 0.5 / 255 + 1e-6
-    with pytest.raises(OSError):
-        decode_image(b"\x89PNG...")
+    frame = np.random.default_rng(0).random((18, 24, 3)).astype(np.float32)
+    image = image_part(encode_png(frame)).image
+    assert image.shape == (18, 24, 3) and np.abs(image - frame).max() <= 0.5 / 255 + 1e-6
+    with pytest.raises(ConfigError, match="not a readable image"):
+        image_part(b"\x89PNG...")
 
 
 def test_every_answer_carries_a_request_id(server):

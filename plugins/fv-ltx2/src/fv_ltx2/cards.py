@@ -135,6 +135,7 @@ def ltx2_card(
             "fv_ltx2.loop:LTX2ImageLoop",
             variant_of="t2av",
             accepts=["image"],
+            requires=["image"],
             params="fv_ltx2.params:LTX2ImageParams",
         ),
     }

@@ -1,4 +1,5 @@
-"""Model cards: Wan2.1 T2V (tiny, shapes, 1.3B, 14B) and FastWan 1.3B (DMD2, 3 steps)."""
+"""Model cards: Wan2.1 T2V (tiny, shapes, 1.3B, 14B), FastWan 1.3B (DMD2, 3 steps), Wan2.1 I2V 14B
+(480p, 720p), Wan2.2 TI2V-5B and Wan2.2 A14B (T2V, I2V), plus tiny random-weight cards of each variant."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from fv_core import (
     WorkUnitKind,
 )
 
-TASKS = {"t2v", "t2i"}
+T2V_TASKS = ("t2v", "t2i")
+I2V_TASKS = ("i2v",)
+TI2V_TASKS = ("t2v", "t2i", "i2v")
 LOOP_FACTORY = "fv_wan.loop:WanLoop"
 FASTWAN_TIMESTEPS = [1000, 757, 522]
 SCHEDULERS = ["UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler"]  # the samplers fv runs
@@ -40,11 +43,12 @@ BASE_DEFAULTS = dict(
 )
 
 
-def programs(**defaults) -> dict[str, ProgramSpec]:
-    """``t2v`` (the default task) and ``t2i`` (one frame) on the card's loop, with its defaults."""
+def programs(tasks: tuple[str, ...] = T2V_TASKS, **defaults) -> dict[str, ProgramSpec]:
+    """The card's tasks (the first is the default) with its defaults: ``t2v``, ``t2i`` (one frame) and
+    ``i2v`` (the video starts from the request's image)."""
     loop = "dmd3" if defaults.get("sampler") == "dmd" else "t2v"
     merged = {**BASE_DEFAULTS, **defaults}
-    return {
+    every = {
         "t2v": ProgramSpec(stages=[loop], defaults=merged, outputs=["video"], description="text to video"),
         "t2i": ProgramSpec(
             stages=[loop],
@@ -52,27 +56,62 @@ def programs(**defaults) -> dict[str, ProgramSpec]:
             outputs=["image"],
             description="text to image",
         ),
-    }
-
-
-def architecture(layers: int, heads: int, head_dim: int, text_dim: int, text_layers: int) -> dict[str, dict]:
-    """Config values a named card requires of its folder (checked at load, before any weight)."""
-    return {
-        "transformer": dict(
-            _class_name="WanTransformer3DModel",
-            num_layers=layers,
-            num_attention_heads=heads,
-            attention_head_dim=head_dim,
-            text_dim=text_dim,
+        "i2v": ProgramSpec(
+            stages=["i2v"], defaults=merged, outputs=["video"], description="image (and text) to video"
         ),
+    }
+    return {task: every[task] for task in tasks}
+
+
+def architecture(
+    layers: int,
+    heads: int,
+    head_dim: int,
+    text_dim: int,
+    text_layers: int,
+    *,
+    in_channels: int = 16,
+    image_dim: int | None = None,
+    z_dim: int = 16,
+    spatial: int = 8,
+) -> dict[str, dict]:
+    """Config values a named card requires of its folder (checked at load, before any weight)."""
+    dit = dict(
+        _class_name="WanTransformer3DModel",
+        num_layers=layers,
+        num_attention_heads=heads,
+        attention_head_dim=head_dim,
+        text_dim=text_dim,
+        in_channels=in_channels,
+        image_dim=image_dim,
+    )
+    return {
+        "transformer": dit,
+        "transformer_2": dit,
         "text_encoder": dict(d_model=text_dim, num_layers=text_layers),
-        "vae": dict(_class_name="AutoencoderKLWan", z_dim=16),
+        # Wan2.1's published VAE config omits scale_factor_spatial (diffusers' default 8)
+        "vae": dict(
+            _class_name="AutoencoderKLWan",
+            z_dim=z_dim,
+            **({"scale_factor_spatial": spatial} if spatial != 8 else {}),
+        ),
         "scheduler": dict(_class_name=SCHEDULERS),
     }
 
 
-def components(config: dict[str, dict] | None = None) -> dict[str, ComponentSpec]:
-    """Wan's five components in the diffusers layout; ``config``: what each must hold (see ``architecture``)."""
+# optional component -> (kind, loader): only the cards whose folders list them have them
+OPTIONAL = {
+    "transformer_2": ("dit", "diffusers:WanTransformer3DModel"),
+    "image_encoder": ("image_encoder", "transformers:CLIPVisionModel"),
+    "image_processor": ("image_processor", "transformers:CLIPImageProcessor"),
+}
+
+
+def components(
+    config: dict[str, dict] | None = None, tasks: tuple[str, ...] = T2V_TASKS, optional: tuple[str, ...] = ()
+) -> dict[str, ComponentSpec]:
+    """Wan's five components in the diffusers layout plus the ``optional`` ones the variant has;
+    ``config``: what each must hold (see ``architecture``)."""
     config = config or {}
 
     def spec(kind: str, load_id: str, folder: str) -> ComponentSpec:
@@ -80,8 +119,8 @@ def components(config: dict[str, dict] | None = None) -> dict[str, ComponentSpec
             kind=kind,
             load_id=load_id,
             subfolder=folder,
-            required_for=TASKS,
-            resident_for=TASKS,
+            required_for=set(tasks),
+            resident_for=set(tasks),
             config=config.get(folder, {}),
         )
 
@@ -91,20 +130,34 @@ def components(config: dict[str, dict] | None = None) -> dict[str, ComponentSpec
         "transformer": spec("dit", "diffusers:WanTransformer3DModel", "transformer"),
         "vae": spec("vae", "diffusers:AutoencoderKLWan", "vae"),
         "scheduler": spec("scheduler", "fv_wan.samplers:make_sampler", "scheduler"),
+        **{name: spec(*OPTIONAL[name], name) for name in optional},
     }
 
 
-def loop_spec(steps: StepsContract, samplers: list[str], cost: StepCostModel) -> LoopSpec:
+def loop_spec(
+    steps: StepsContract,
+    samplers: list[str],
+    cost: StepCostModel,
+    *,
+    image: bool = False,
+    optional=(),
+    variant_of: str | None = None,
+) -> LoopSpec:
+    """The Wan loop; ``image``: the ``i2v`` loop, which takes one image part (on a card that also has
+    ``t2v``, a variant of it: the same weights and recipe)."""
     return LoopSpec(
         kind=LoopKind.DIFFUSION_DENOISE,
         work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
         loop_factory=LOOP_FACTORY,
-        components=["tokenizer", "text_encoder", "transformer", "vae", "scheduler"],
+        components=["tokenizer", "text_encoder", "transformer", "vae", "scheduler", *optional],
         cache_policy=["text_embeddings", "text_kv"],
         step_cost=cost,
         steps=steps,
         samplers=samplers,
         params="fv_wan.params:WanParams",
+        accepts=["image"] if image else [],
+        requires=["image"] if image else [],
+        variant_of=variant_of,
     )
 
 
@@ -121,20 +174,24 @@ def wan_card(
     kv_capacity: int,
     interceptors: set[str],
     default_weights: str | None = None,
+    tasks: tuple[str, ...] = T2V_TASKS,
+    optional: tuple[str, ...] = (),
 ) -> ModelCard:
-    """``kv_capacity``: prompts whose per-block text keys/values stay cached (blocks x 2 x 512 x dim each)."""
+    """``kv_capacity``: prompts whose per-block text keys/values stay cached (blocks x 2 x 512 x dim each);
+    ``tasks``: the variant's tasks; ``optional``: the optional components its folder has."""
+    pipeline = "WanImageToVideoPipeline" if tasks == I2V_TASKS else "WanPipeline"
     return ModelCard(
         model_id=model_id,
         family="wan",
         description=description,
-        programs=programs(**defaults),
-        components=components(config),
+        programs=programs(tasks, **defaults),
+        components=components(config, tasks, optional),
         loops=loops,
         recipe=recipe,
-        pipeline="WanPipeline",
+        pipeline=pipeline,
         parity=ParitySpec(
             level="C1",
-            reference="diffusers:WanPipeline",
+            reference=f"diffusers:{pipeline}",
             tolerances={"frames": 1e-5, "frames_batched_cfg": 1e-4},
         ),
         capabilities=CapabilityMatrix(
@@ -174,11 +231,29 @@ def wan_card(
     )
 
 
-def base_card(model_id: str, description: str, cost: StepCostModel, **kw) -> ModelCard:
-    loop = loop_spec(StepsContract(min_steps=1, max_steps=200), ["unipc", "euler"], cost)
-    recipe = RecipeSpec(method="base", assumes_loop="t2v", description="Wan2.1 flow-matching pretraining")
+def base_card(
+    model_id: str,
+    description: str,
+    cost: StepCostModel,
+    tasks: tuple[str, ...] = T2V_TASKS,
+    optional: tuple[str, ...] = (),
+    **kw,
+) -> ModelCard:
+    """A flow-matching Wan card running the sampler of its checkpoint for any step count."""
+    steps, samplers = StepsContract(min_steps=1, max_steps=200), ["unipc", "euler"]
+    loops = {}
+    if "t2v" in tasks:
+        loops["t2v"] = loop_spec(steps, samplers, cost, optional=optional)
+    if "i2v" in tasks:
+        variant_of = "t2v" if loops else None
+        loops["i2v"] = loop_spec(steps, samplers, cost, image=True, optional=optional, variant_of=variant_of)
+    recipe = RecipeSpec(
+        method="base", assumes_loop=next(iter(loops)), description="Wan flow-matching pretraining"
+    )
     interceptors = {"step_skip", "block_skip"}  # many steps: cached block spans stay close to computed ones
-    return wan_card(model_id, description, {"t2v": loop}, recipe, interceptors=interceptors, **kw)
+    return wan_card(
+        model_id, description, loops, recipe, interceptors=interceptors, tasks=tasks, optional=optional, **kw
+    )
 
 
 def wan_tiny() -> ModelCard:
@@ -289,4 +364,174 @@ def fastwan_1_3b() -> ModelCard:
     )
 
 
-CARDS = (wan_tiny, wan_shapes, wan_1_3b, wan_14b, fastwan_1_3b)
+# ---- Wan2.1 I2V, Wan2.2 TI2V-5B and A14B: the published folders, and tiny random-weight ones ----
+
+I2V_OPTIONAL = ("image_encoder", "image_processor")
+A14B_OPTIONAL = ("transformer_2",)
+TINY_NOTE = (
+    "at tiny size with RANDOM weights (fixed seed): outputs are noise, for tests and benchmarks. Weights are "
+    "generated on first use into the fv cache."
+)
+TINY_DEFAULTS = dict(num_frames=5, height=32, width=32, num_inference_steps=4)
+
+
+def tiny_variant(
+    model_id: str, variant: str, what: str, tasks: tuple[str, ...], optional=(), **kw
+) -> ModelCard:
+    """A tiny card of a Wan variant whose weights ``fv_wan.tiny`` writes in the published layout."""
+    return base_card(
+        model_id,
+        f"{what} {TINY_NOTE}",
+        StepCostModel(base_s=0.004, per_token_s=2e-6),
+        tasks=tasks,
+        optional=optional,
+        defaults={**TINY_DEFAULTS, **kw.pop("defaults", {})},
+        config=kw.pop("config", None),
+        max_frames=81,
+        max_resolution=(512, 512),
+        kv_capacity=64,
+        default_weights=f"fv_wan.tiny:{variant.replace('-', '_')}_weights",
+    )
+
+
+def wan21_i2v_tiny() -> ModelCard:
+    return tiny_variant(
+        "wan2.1-i2v-tiny",
+        "i2v",
+        "Wan2.1 I2V architecture (CLIP image encoder, image cross-attention, first-frame latent concat)",
+        I2V_TASKS,
+        I2V_OPTIONAL,
+        defaults=dict(max_sequence_length=512),
+    )
+
+
+def wan22_ti2v_tiny() -> ModelCard:
+    return tiny_variant(
+        "wan2.2-ti2v-tiny",
+        "ti2v",
+        "Wan2.2 TI2V-5B architecture (48-channel x16 VAE, per-token timesteps, text or image to video)",
+        TI2V_TASKS,
+        config={"vae": {"z_dim": 48, "scale_factor_spatial": 16}},
+    )
+
+
+def wan22_t2v_a14b_tiny() -> ModelCard:
+    return tiny_variant(
+        "wan2.2-t2v-a14b-tiny",
+        "t2v-a14b",
+        "Wan2.2 T2V A14B architecture (high- and low-noise experts, boundary 0.875)",
+        T2V_TASKS,
+        A14B_OPTIONAL,
+    )
+
+
+def wan22_i2v_a14b_tiny() -> ModelCard:
+    return tiny_variant(
+        "wan2.2-i2v-a14b-tiny",
+        "i2v-a14b",
+        "Wan2.2 I2V A14B architecture (two experts, boundary 0.9, first-frame latent concat, no CLIP)",
+        I2V_TASKS,
+        A14B_OPTIONAL,
+    )
+
+
+def published(model_id: str, description: str, cost: StepCostModel, **kw) -> ModelCard:
+    return base_card(model_id, description, cost, kv_capacity=2, max_frames=kw.pop("max_frames", 81), **kw)
+
+
+I2V_14B = architecture(40, 40, 128, 4096, 24, in_channels=36, image_dim=1280)
+A14B_T2V = architecture(40, 40, 128, 4096, 24)
+A14B_I2V = architecture(40, 40, 128, 4096, 24, in_channels=36)
+TI2V_5B = architecture(30, 24, 128, 4096, 24, in_channels=48, z_dim=48, spatial=16)
+COST_14B = StepCostModel(base_s=0.05, per_token_s=4e-5, peak_bytes_per_token=120_000)
+
+
+def wan21_i2v_480p() -> ModelCard:
+    return published(
+        "wan2.1-i2v-14b-480p",
+        "Wan2.1 image-to-video 14B at 480p (Wan-AI/Wan2.1-I2V-14B-480P-Diffusers layout; pass --weights and "
+        "--image).",
+        COST_14B,
+        tasks=I2V_TASKS,
+        optional=I2V_OPTIONAL,
+        defaults=dict(num_inference_steps=40),
+        config=I2V_14B,
+        max_resolution=(480, 832),
+    )
+
+
+def wan21_i2v_720p() -> ModelCard:
+    return published(
+        "wan2.1-i2v-14b-720p",
+        "Wan2.1 image-to-video 14B at 720p (Wan-AI/Wan2.1-I2V-14B-720P-Diffusers layout; pass --weights and "
+        "--image).",
+        COST_14B,
+        tasks=I2V_TASKS,
+        optional=I2V_OPTIONAL,
+        defaults=dict(num_inference_steps=40, height=720, width=1280),
+        config=I2V_14B,
+        max_resolution=(720, 1280),
+    )
+
+
+def wan22_ti2v_5b() -> ModelCard:
+    return published(
+        "wan2.2-ti2v-5b",
+        "Wan2.2 text/image-to-video 5B, 720p at 24 fps (Wan-AI/Wan2.2-TI2V-5B-Diffusers layout; pass "
+        "--weights, and --image for i2v).",
+        StepCostModel(base_s=0.03, per_token_s=2e-5, peak_bytes_per_token=60_000),
+        tasks=TI2V_TASKS,
+        defaults=dict(height=704, width=1280, num_frames=121, fps=24),
+        config=TI2V_5B,
+        max_frames=121,
+        max_resolution=(704, 1280),
+    )
+
+
+def wan22_t2v_a14b() -> ModelCard:
+    return published(
+        "wan2.2-t2v-a14b",
+        "Wan2.2 text-to-video A14B: high- and low-noise 14B experts (Wan-AI/Wan2.2-T2V-A14B-Diffusers "
+        "layout; pass --weights).",
+        COST_14B,
+        optional=A14B_OPTIONAL,
+        defaults=dict(
+            height=720, width=1280, num_inference_steps=40, guidance_scale=4.0, guidance_scale_2=3.0
+        ),
+        config=A14B_T2V,
+        max_resolution=(720, 1280),
+    )
+
+
+def wan22_i2v_a14b() -> ModelCard:
+    return published(
+        "wan2.2-i2v-a14b",
+        "Wan2.2 image-to-video A14B: high- and low-noise 14B experts (Wan-AI/Wan2.2-I2V-A14B-Diffusers "
+        "layout; pass --weights and --image).",
+        COST_14B,
+        tasks=I2V_TASKS,
+        optional=A14B_OPTIONAL,
+        defaults=dict(
+            height=720, width=1280, num_inference_steps=40, guidance_scale=3.5, guidance_scale_2=3.5
+        ),
+        config=A14B_I2V,
+        max_resolution=(720, 1280),
+    )
+
+
+CARDS = (
+    wan_tiny,
+    wan_shapes,
+    wan_1_3b,
+    wan_14b,
+    fastwan_1_3b,
+    wan21_i2v_tiny,
+    wan22_ti2v_tiny,
+    wan22_t2v_a14b_tiny,
+    wan22_i2v_a14b_tiny,
+    wan21_i2v_480p,
+    wan21_i2v_720p,
+    wan22_ti2v_5b,
+    wan22_t2v_a14b,
+    wan22_i2v_a14b,
+)

@@ -21,17 +21,42 @@ EXPECTED_LAYOUT = """\
   vae/           config.json + diffusion_pytorch_model.safetensors
   text_encoder/  config.json + model.safetensors (or model.safetensors.index.json + shards)   [UMT5]
   tokenizer/     tokenizer_config.json + tokenizer.json (or spiece.model)
-  scheduler/     scheduler_config.json"""
+  scheduler/     scheduler_config.json
+and, where model_index.json lists them (Wan2.1 I2V; Wan2.2 A14B):
+  image_encoder/    config.json + model.safetensors   [CLIP vision]
+  image_processor/  preprocessor_config.json
+  transformer_2/    like transformer/ (the low-noise expert)"""
 
 WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder")
+BASE_COMPONENTS = [*WEIGHT_FOLDERS, "tokenizer", "scheduler"]
+OPTIONAL_COMPONENTS = ("transformer_2", "image_encoder", "image_processor")
 
 # component name -> (library, class) used to load it
 COMPONENT_CLASSES = {
     "transformer": ("diffusers", "WanTransformer3DModel"),
+    "transformer_2": ("diffusers", "WanTransformer3DModel"),
     "vae": ("diffusers", "AutoencoderKLWan"),
     "text_encoder": ("transformers", "UMT5EncoderModel"),
     "tokenizer": ("transformers", "AutoTokenizer"),
+    "image_encoder": ("transformers", "CLIPVisionModel"),
+    "image_processor": ("transformers", "CLIPImageProcessor"),
 }
+# classes model_index.json may name instead (diffusers loads the one it names)
+ALTERNATIVE_CLASSES = {
+    "image_encoder": {"CLIPVisionModel", "CLIPVisionModelWithProjection"},
+    "image_processor": {"CLIPImageProcessor", "CLIPImageProcessorPil", "CLIPImageProcessorFast"},
+}
+
+
+def pipeline_index(folder: Path) -> dict[str, Any]:
+    """``model_index.json`` of a checkpoint folder."""
+    return json.loads((folder / "model_index.json").read_text())
+
+
+def listed_components(folder: Path) -> list[str]:
+    """The base components plus the optional ones ``model_index.json`` lists (not ``[null, null]``)."""
+    index = pipeline_index(folder)
+    return BASE_COMPONENTS + [n for n in OPTIONAL_COMPONENTS if (index.get(n) or [None])[0] is not None]
 
 
 def _fail(folder: Path, problem: str) -> None:
@@ -57,7 +82,7 @@ def check_layout(folder: str | Path, components: list[str] | None = None) -> Pat
         json.loads(index.read_text())
     except json.JSONDecodeError as exc:
         _fail(folder, f"model_index.json is not valid JSON ({exc})")
-    for name in components or [*WEIGHT_FOLDERS, "tokenizer", "scheduler"]:
+    for name in components or listed_components(folder):
         _check_component(folder, name)
     return folder
 
@@ -74,6 +99,10 @@ def _check_component(folder: Path, name: str) -> None:
         if not any((sub / f).is_file() for f in ("tokenizer.json", "spiece.model")):
             _fail(folder, "tokenizer/ has neither tokenizer.json nor spiece.model")
         return
+    if name == "image_processor":
+        if not (sub / "preprocessor_config.json").is_file():
+            _fail(folder, "image_processor/preprocessor_config.json is missing")
+        return
     if not (sub / "config.json").is_file():
         _fail(folder, f"{name}/config.json is missing")
     if not list(sub.glob("*.safetensors")):
@@ -89,6 +118,14 @@ def load_component(folder: str | Path, name: str, dtype: torch.dtype = torch.flo
     """Load one component with its library's ``from_pretrained`` (safetensors only)."""
     folder = check_layout(folder, [name])
     library, cls_name = COMPONENT_CLASSES[name]
+    if name in ALTERNATIVE_CLASSES:
+        listed = (pipeline_index(folder).get(name) or [None, None])[1] or cls_name
+        if listed not in ALTERNATIVE_CLASSES[name]:
+            _fail(
+                folder,
+                f"model_index.json names {listed!r} for {name}; fv loads {sorted(ALTERNATIVE_CLASSES[name])}",
+            )
+        cls_name = listed
     if library == "diffusers":
         import diffusers
 
@@ -97,7 +134,7 @@ def load_component(folder: str | Path, name: str, dtype: torch.dtype = torch.flo
     import transformers
 
     cls = getattr(transformers, cls_name)
-    if name == "tokenizer":
+    if name in ("tokenizer", "image_processor"):
         return cls.from_pretrained(folder / name)
     return cls.from_pretrained(folder / name, dtype=dtype, use_safetensors=True).eval()
 

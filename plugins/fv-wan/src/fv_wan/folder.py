@@ -1,8 +1,9 @@
-"""Wan checkpoint folders (``model_index.json`` class ``WanPipeline``): cards from their own configs,
-and named cards adapted to the folder they run on.
+"""Wan checkpoint folders (``model_index.json`` class ``WanPipeline`` or ``WanImageToVideoPipeline``):
+cards from their own configs, and named cards adapted to the folder they run on.
 
-Registered as the reader of ``WanPipeline`` folders: ``fv_core.load("/models/Wan2.1-T2V-1.3B-Diffusers")``
-builds a card from the folder, like diffusers' auto pipelines; a named card on a folder takes its
+Registered as the reader of both pipelines: ``fv_core.load("/models/Wan2.2-TI2V-5B-Diffusers")``
+builds a card from the folder, like diffusers' auto pipelines: the variant (I2V, TI2V, A14B) and
+its tasks come from ``model_index.json`` and the configs. A named card on a folder takes its
 sampler and flow shift defaults from the folder's scheduler.
 """
 
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from fv_core import ModelCard, StepCostModel, WeightsError
-from fv_wan.cards import base_card
+from fv_wan.cards import I2V_TASKS, T2V_TASKS, TI2V_TASKS, base_card
+from fv_wan.checkpoint import OPTIONAL_COMPONENTS, listed_components
+from fv_wan.variant import WanVariant
 
 # scheduler class in the folder -> the fv sampler that reproduces it
 SAMPLER_OF = {"UniPCMultistepScheduler": "unipc", "FlowMatchEulerDiscreteScheduler": "euler"}
@@ -36,21 +39,31 @@ def scheduler_defaults(folder: Path) -> dict[str, Any]:
     return {"sampler": sampler, "flow_shift": float(shift if shift is not None else 1.0)}
 
 
+def architecture_of(variant: WanVariant) -> dict[str, dict]:
+    """What a folder-built card states about its folder: the VAE's scale when it is not the default 8."""
+    return {"vae": {"scale_factor_spatial": variant.spatial_scale}} if variant.spatial_scale != 8 else {}
+
+
 class WanFolder:
     """The ``WanPipeline`` reader (``fv_register_pipelines``)."""
 
     @staticmethod
     def card(folder: Path) -> ModelCard:
-        """A card for whatever Wan the folder holds: its configs, diffusers' WanPipeline defaults."""
+        """A card for whatever Wan the folder holds: its configs, diffusers' pipeline defaults."""
         dit = _config(folder, "transformer/config.json")
         blocks, width = dit["num_layers"], dit["num_attention_heads"] * dit["attention_head_dim"]
+        variant = WanVariant.of(folder)
+        tasks = {"none": T2V_TASKS, "concat": I2V_TASKS, "first_frame": TI2V_TASKS}[variant.conditioning]
         return WanFolder.bind(
             base_card(
                 f"wan:{folder.name}",
-                f"Wan checkpoint at {folder} ({blocks} blocks, width {width}); card built from its configs.",
+                f"Wan checkpoint at {folder} ({blocks} blocks, width {width}, {variant.conditioning} image "
+                f"conditioning, experts {list(variant.experts)}); card built from its configs.",
                 StepCostModel(base_s=1e-4 * blocks, per_token_s=1e-9 * blocks * width),
+                tasks=tasks,
+                optional=tuple(n for n in listed_components(folder) if n in OPTIONAL_COMPONENTS),
                 defaults={},
-                config=None,
+                config=architecture_of(variant),
                 max_frames=None,
                 max_resolution=None,
                 kv_capacity=8,

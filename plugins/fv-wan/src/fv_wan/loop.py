@@ -1,13 +1,16 @@
-"""The Wan text-to-video loop: encode -> text K/V -> denoise steps -> VAE decode.
+"""The Wan loop, for every variant: encode -> [image] -> text K/V -> denoise steps -> VAE decode.
 
 Each phase is its own WorkUnit: ENCODER_CHUNK (UMT5, skipped on a feature
-cache hit; then the transformer's per-block cross-attention keys/values of
-the prompt, computed once per request instead of once per step),
-DIFFUSION_STEP (one transformer call per step, or two under two-forward CFG)
-and VAE_TILE (decode). Step bodies are pure functions of
-their inputs over shared weights, so the runtime may batch equal-keyed
-plans of different requests. CFG combine and the sampler update run per
-request in ``advance``; the sampler's history lives in ``LoopState``.
+cache hit; CLIP for Wan2.1 I2V; then the transformer's per-block
+cross-attention keys/values of the prompt, computed once per request and
+expert instead of once per step), VAE_TILE (the image's latent, then the
+decode) and DIFFUSION_STEP (one transformer call per step, or two under
+two-forward CFG). The phase is whatever the request still lacks, in that
+order (``_next_phase``). Step bodies are pure functions of their inputs over
+shared weights, so the runtime may batch equal-keyed plans of different
+requests; a step's batch key names its expert, so Wan2.2 A14B requests
+batch only with steps on the same expert. CFG combine and the sampler update
+run per request in ``advance``; the sampler's history lives in ``LoopState``.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from fv_core import (
     WorkUnitKind,
 )
 from fv_core.extend import BLOCKS_INPUT
+from fv_wan import conditioning
 from fv_wan.model import WanModel
 from fv_wan.params import WanParams
 from fv_wan.samplers import Schedule, make_sampler
-from fv_wan.transformer import text_kv, wan_forward_kv
+from fv_wan.transformer import image_kv, text_kv, wan_forward_kv
+from fv_wan.variant import HIGH_NOISE
 
 
 def clean_prompt(text: str) -> str:
@@ -58,23 +63,39 @@ def encode_body(text_encoder, inputs: dict[str, Any]) -> dict[str, Any]:
     return {"embeds": torch.where(mask.bool().unsqueeze(-1), hidden, torch.zeros((), dtype=hidden.dtype))}
 
 
-def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
+def denoise_body(transformer, branch_suffix: str, inputs: dict[str, Any]) -> dict[str, Any]:
     """Flow velocity; with ``neg_kv`` present, one forward per CFG branch (two-forward CFG).
 
-    ``inputs[BLOCKS_INPUT]``: the request's block hook when a block interceptor is on (else None).
+    ``inputs[BLOCKS_INPUT]``: the request's block hook when a block interceptor is on (else None);
+    ``branch_suffix`` keeps a second expert's block caches apart from the first's.
     """
     latents, t, hook = inputs["latents"], inputs["timestep"], inputs.get(BLOCKS_INPUT)
+    img_kv = inputs.get("img_kv")
     if "neg_kv" in inputs:
+        cond, uncond = ("cond" + branch_suffix, "uncond" + branch_suffix)
         return {
-            "cond": wan_forward_kv(transformer, latents, t, inputs["kv"], hook=hook, branch="cond"),
-            "uncond": wan_forward_kv(transformer, latents, t, inputs["neg_kv"], hook=hook, branch="uncond"),
+            "cond": wan_forward_kv(
+                transformer, latents, t, inputs["kv"], hook=hook, branch=cond, img_kv=img_kv
+            ),
+            "uncond": wan_forward_kv(
+                transformer, latents, t, inputs["neg_kv"], hook=hook, branch=uncond, img_kv=img_kv
+            ),
         }
-    return {"velocity": wan_forward_kv(transformer, latents, t, inputs["kv"], hook=hook)}
+    main = "main" + branch_suffix
+    return {
+        "velocity": wan_forward_kv(
+            transformer, latents, t, inputs["kv"], hook=hook, branch=main, img_kv=img_kv
+        )
+    }
 
 
 def text_kv_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Every block's cross-attention keys/values for the prompt embeddings (step-invariant)."""
-    return {"kv": text_kv(transformer, inputs["text"])}
+    """Every block's cross-attention keys/values for the prompt embeddings (step-invariant), and for
+    the image features when there are any (Wan2.1 I2V)."""
+    out = {"kv": text_kv(transformer, inputs["text"])}
+    if "image" in inputs:
+        out["img_kv"] = image_kv(transformer, inputs["image"])
+    return out
 
 
 def decode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -88,8 +109,8 @@ def decode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 class WanLoop:
-    """The Loop of Wan cards (tasks ``t2v`` and ``t2i``), bound to one live WanModel. Holds no request
-    state: every request's state is its LoopState."""
+    """The Loop of Wan cards (tasks ``t2v``, ``t2i`` and ``i2v``), bound to one live WanModel. Holds no
+    request state: every request's state is its LoopState."""
 
     def __init__(self, instance: WanModel) -> None:
         self.instance = instance
@@ -106,11 +127,12 @@ class WanLoop:
             )
         inst.components_for(request.task)  # rejects tasks the card does not serve
         loop_id = inst.card.programs[request.task].stages[0]
+        image = self._image(request, inst.card.loops[loop_id].accepts)
         gen = torch.Generator(device="cpu").manual_seed(p.seed)
         state = LoopState(
             request_id=request.request_id, loop_id=loop_id, total_steps=p.num_inference_steps, generator=gen
         )
-        cfg = p.guidance_scale > 1.0
+        cfg = p.guidance_scale > 1.0  # as diffusers: the first expert's scale decides
         prompts = [clean_prompt(p.prompt)] + ([clean_prompt(p.negative_prompt)] if cfg else [])
         tok = inst.component("tokenizer")
         enc = tok(
@@ -124,27 +146,48 @@ class WanLoop:
         )
         state.tensors.update(input_ids=enc.input_ids, mask=enc.attention_mask)
         cached = [inst.feature_cache.get(k) for k in self._keys(inst, state)]
+        second = p.guidance_scale if p.guidance_scale_2 is None else p.guidance_scale_2
         state.values.update(
             task=request.task,
             cfg=cfg,
             cfg_mode=p.cfg_mode,
-            guidance=p.guidance_scale,
+            guidance={expert: (p.guidance_scale, second)[i] for i, expert in enumerate(inst.variant.experts)},
             sampler=p.sampler,
             flow_shift=p.flow_shift,
-            phase="encode",
             steps=p.num_inference_steps,
             cache_hits=sum(c is not None for c in cached),
+            kv_cache_hits=0,
+            experts_run=[],
             size=[p.num_frames, p.height, p.width],
             prompt=p.prompt,
             negative_prompt=p.negative_prompt,
         )
         if all(c is not None for c in cached):
-            self._set_embeds(inst, state, torch.stack(cached))
+            self._set_embeds(state, torch.stack(cached))
         sched = self._sampler(inst, state).schedule(p.num_inference_steps)
         state.tensors.update(timesteps=sched.timesteps, sigmas=sched.sigmas)
-        shape = (1, 16, (p.num_frames - 1) // 4 + 1, p.height // 8, p.width // 8)  # 16 ch, x4 time, x8 space
+        v = inst.variant
+        shape = (
+            1,
+            v.latent_channels,
+            (p.num_frames - 1) // v.temporal_scale + 1,
+            p.height // v.spatial_scale,
+            p.width // v.spatial_scale,
+        )
         latents = torch.randn(shape, generator=gen, dtype=torch.float32)  # CPU generator, as diffusers
         state.tensors["latents"] = latents.to(inst.device)
+        if v.conditioning == "first_frame":
+            state.tensors["frame_mask"] = conditioning.first_frame_mask(shape, image is not None).to(
+                inst.device
+            )
+        if image is not None:
+            pil = conditioning.to_pil(image)
+            pixels = conditioning.vae_image(pil, v, p.height, p.width)
+            state.tensors["condition_video"] = conditioning.condition_video(pixels, v, p.num_frames)
+            if v.image_encoder:
+                processor = inst.component("image_processor")
+                state.tensors["clip_pixels"] = processor(images=pil, return_tensors="pt").pixel_values
+        state.values["phase"] = self._next_phase(state)
         return state
 
     def next(self, state: LoopState) -> WorkPlan | Done:
@@ -160,20 +203,30 @@ class WanLoop:
                 batch_size=ids.shape[0],
                 label="encode prompt",
             )
-        if phase == "text_kv":
-            text = torch.cat([state.tensors[k] for k in ("text", "neg_text") if k in state.tensors]).to(
-                inst.dtype
-            )
+        if phase == "image_encode":
+            pixels = state.tensors["clip_pixels"]
             return WorkPlan(
                 kind=WorkUnitKind.ENCODER_CHUNK,
-                body=partial(text_kv_body, inst.component("transformer")),
-                inputs={"text": text},
+                body=partial(conditioning.clip_body, inst.component("image_encoder")),
+                inputs={"pixels": pixels},
                 batch_key=BatchKey(
-                    f"{inst.instance_id}/transformer", "encode", tuple(text.shape[1:]), precision
+                    f"{inst.instance_id}/image_encoder", "encode", tuple(pixels.shape[1:]), precision
                 ),
-                batch_size=text.shape[0],
-                label="text keys/values",
+                label="encode image (CLIP)",
             )
+        if phase == "condition":
+            video = state.tensors["condition_video"]
+            return WorkPlan(
+                kind=WorkUnitKind.VAE_TILE,
+                body=partial(conditioning.encode_condition_body, inst.component("vae")),
+                inputs={"video": video},
+                batch_key=BatchKey(
+                    f"{inst.instance_id}/vae", "vae_encode", tuple(video.shape[1:]), precision
+                ),
+                label="encode image (VAE)",
+            )
+        if phase == "text_kv":
+            return self._text_kv_plan(state, inst, precision)
         if phase == "denoise":
             return self._denoise_plan(state, inst, precision)
         if phase == "decode":
@@ -190,43 +243,35 @@ class WanLoop:
         return Done()
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
-        inst = self.instance
+        inst, t = self.instance, state.tensors
         out, phase = result.outputs, state.values["phase"]
         if phase == "encode":
             embeds = out["embeds"]
             for row, key in enumerate(self._keys(inst, state)):
                 inst.feature_cache.put(key, embeds[row])
-            self._set_embeds(inst, state, embeds)
+            self._set_embeds(state, embeds)
+        elif phase == "image_encode":
+            t["image_features"] = out["features"]
+            del t["clip_pixels"]
+        elif phase == "condition":
+            latents = out["latents"]
+            if inst.variant.conditioning == "concat":
+                latents = conditioning.concat_condition(latents, inst.variant.temporal_scale)
+            t["condition"] = latents
+            del t["condition_video"]
         elif phase == "text_kv":
-            for row, key in enumerate(self._kv_keys(inst, state)):
-                inst.kv_cache.put(key, out["kv"][row])
-            state.tensors["kv"] = out["kv"]  # rows: cond[, uncond]
-            state.values["phase"] = "denoise"
+            expert = state.values["kv_for"]
+            if "image_features" not in t:  # text-only keys/values are shared by every request
+                for row, key in enumerate(self._kv_keys(inst, state, expert)):
+                    inst.kv_cache.put(key, out["kv"][row])
+            t[f"kv.{expert}"] = out["kv"]  # rows: cond[, uncond]
+            if "img_kv" in out:
+                t[f"img_kv.{expert}"] = out["img_kv"]
         elif phase == "denoise":
-            if "cond" in out:  # two-forward CFG
-                velocity = out["uncond"] + state.values["guidance"] * (out["cond"] - out["uncond"])
-            elif state.values["cfg"]:  # batched CFG: rows are [cond, uncond]
-                cond, uncond = out["velocity"].chunk(2)
-                velocity = uncond + state.values["guidance"] * (cond - uncond)
-            else:
-                velocity = out["velocity"]
-            sampler = self._sampler(inst, state)
-            sched = Schedule(state.tensors["timesteps"], state.tensors["sigmas"])
-            state.tensors["latents"] = sampler.step(
-                state.tensors,
-                state.values,
-                sched,
-                state.step,
-                velocity,
-                state.tensors["latents"],
-                state.generator,
-            )
-            state.step += 1
-            if state.step == state.values["steps"]:
-                state.values["phase"] = "decode"
+            self._step(state, out)
         elif phase == "decode":
-            state.tensors["frames"] = out["frames"][0]
-            state.values["phase"] = "done"
+            t["frames"] = out["frames"][0]
+        state.values["phase"] = self._next_phase(state)
         return state
 
     def finalize(self, state: LoopState) -> LoopResult:
@@ -234,11 +279,13 @@ class WanLoop:
         metrics = {
             "steps": state.step,
             "text_cache_hits": v["cache_hits"],
-            "kv_cache_hits": v.get("kv_cache_hits", 0),
+            "kv_cache_hits": v["kv_cache_hits"],
             "sampler": v.get("sampler"),
             "cfg": v["cfg_mode"] if v["cfg"] else "off",
             "kernels": self.instance.kernel_records(state.tensors.get("latents")),
         }
+        if len(self.instance.variant.experts) > 1:
+            metrics["experts"] = v["experts_run"]  # the expert of each step
         return LoopResult({"frames": state.tensors["frames"], "latents": state.tensors["latents"]}, metrics)
 
     def estimate(self, state: LoopState) -> tuple[float, int]:
@@ -251,34 +298,151 @@ class WanLoop:
 
     # ---- helpers ----
 
+    @staticmethod
+    def _image(request, accepts: list[str]):
+        """The request's image ([H, W, 3] in 0..1) for the ``i2v`` loop (which requires exactly one), else None."""
+        return (
+            next((part.image for part in request.parts if part.kind == "image"), None)
+            if "image" in accepts
+            else None
+        )
+
+    def _next_phase(self, state: LoopState) -> str:
+        """The first thing the request still lacks: text, image features, image latents, the step's
+        expert's text keys/values, denoise steps, frames."""
+        t, v = state.tensors, state.values
+        if "text" not in t:
+            return "encode"
+        if "clip_pixels" in t:
+            return "image_encode"
+        if "condition_video" in t:
+            return "condition"
+        if state.step < v["steps"]:
+            expert = self._expert(state, state.step)
+            if f"kv.{expert}" not in t and not self._cached_kv(state, expert):
+                v["kv_for"] = expert
+                return "text_kv"
+            return "denoise"
+        if "frames" not in t:
+            return "decode"
+        return "done"
+
+    def _expert(self, state: LoopState, step: int) -> str:
+        """The transformer that runs ``step``: Wan2.2 A14B's low-noise expert once the step's integer
+        timestep falls below boundary_ratio x num_train_timesteps, else the (high-noise) transformer."""
+        variant = self.instance.variant
+        if variant.boundary_ratio is None:
+            return HIGH_NOISE
+        boundary = variant.boundary_ratio * self.instance.scheduler_config.get("num_train_timesteps", 1000)
+        return HIGH_NOISE if state.tensors["timesteps"][step] >= boundary else variant.experts[1]
+
+    def _cached_kv(self, state: LoopState, expert: str) -> bool:
+        """Take the expert's text keys/values from the cache when every prompt row is there."""
+        if "image_features" in state.tensors:
+            return False
+        kv = [self.instance.kv_cache.get(k) for k in self._kv_keys(self.instance, state, expert)]
+        state.values["kv_cache_hits"] += sum(x is not None for x in kv)
+        if any(x is None for x in kv):
+            return False
+        state.tensors[f"kv.{expert}"] = torch.stack(kv)
+        return True
+
+    def _text_kv_plan(self, state: LoopState, inst, precision: str) -> WorkPlan:
+        expert, t = state.values["kv_for"], state.tensors
+        text = torch.cat([t[k] for k in ("text", "neg_text") if k in t]).to(inst.dtype)
+        inputs = {"text": text}
+        signature: tuple = tuple(text.shape[1:])
+        if "image_features" in t:  # the image rows follow the text rows: one per prompt row
+            inputs["image"] = t["image_features"].to(inst.dtype).expand(text.shape[0], -1, -1)
+            signature += tuple(inputs["image"].shape[1:])
+        return WorkPlan(
+            kind=WorkUnitKind.ENCODER_CHUNK,
+            body=partial(text_kv_body, inst.component(expert)),
+            inputs=inputs,
+            batch_key=BatchKey(f"{inst.instance_id}/{expert}", "encode", signature, precision),
+            batch_size=text.shape[0],
+            label=f"text keys/values ({expert})",
+        )
+
+    def _model_input(self, state: LoopState, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transformer's input latents and timestep [1] (or per token [1, tokens]) at timestep ``t``."""
+        variant, tensors = self.instance.variant, state.tensors
+        latents = tensors["latents"]
+        if variant.conditioning == "concat":
+            return torch.cat([latents, tensors["condition"]], dim=1), t.expand(1)
+        if variant.conditioning == "first_frame":
+            mask = tensors["frame_mask"]
+            if "condition" in tensors:
+                latents = (1 - mask) * tensors["condition"] + mask * latents
+            _, p_h, p_w = variant.patch
+            return latents, (mask[0, 0][:, ::p_h, ::p_w] * t).flatten().unsqueeze(0)
+        return latents, t.expand(1)
+
     def _denoise_plan(self, state: LoopState, inst, precision: str) -> WorkPlan:
         i, v, dtype = state.step, state.values, inst.dtype
-        latents, kv = state.tensors["latents"].to(dtype), state.tensors["kv"]
-        t = state.tensors["timesteps"][i].to(latents.device)
+        expert = self._expert(state, i)
+        kv, img_kv = state.tensors[f"kv.{expert}"], state.tensors.get(f"img_kv.{expert}")
+        t = state.tensors["timesteps"][i].to(state.tensors["latents"].device)
+        latents, timestep = self._model_input(state, t)
+        latents = latents.to(dtype)
         mode = v["cfg_mode"] if v["cfg"] else "single"
         if mode == "batched":
             inputs = {
                 "latents": torch.cat([latents, latents]),
-                "timestep": t.expand(2),
+                "timestep": torch.cat([timestep, timestep]),
                 "kv": kv,
             }
+            if img_kv is not None:
+                inputs["img_kv"] = img_kv
         else:
-            inputs = {"latents": latents, "timestep": t.expand(1), "kv": kv[:1]}
+            inputs = {"latents": latents, "timestep": timestep, "kv": kv[:1]}
+            if img_kv is not None:
+                inputs["img_kv"] = img_kv[:1]
             if mode == "two_forward":
                 inputs["neg_kv"] = kv[1:]
         inputs[BLOCKS_INPUT] = None  # block-structured body: the runner may attach a block hook here
-        shape_sig = (tuple(latents.shape[1:]), tuple(kv.shape[1:]), str(t.dtype))
+        shape_sig = (
+            tuple(latents.shape[1:]),
+            tuple(kv.shape[1:]),
+            None if img_kv is None else tuple(img_kv.shape[1:]),
+            tuple(timestep.shape[1:]),
+            str(timestep.dtype),
+        )
+        suffix = "" if expert == HIGH_NOISE else f"@{expert}"
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(denoise_body, inst.component("transformer")),
+            body=partial(denoise_body, inst.component(expert), suffix),
             inputs=inputs,
             batch_key=BatchKey(
-                f"{inst.instance_id}/transformer", "diffusion_denoise", shape_sig, precision, graph_key=mode
+                f"{inst.instance_id}/{expert}", "diffusion_denoise", shape_sig, precision, graph_key=mode
             ),
             batch_size=inputs["latents"].shape[0],
             cost_s=self._cost(inst, state, latents),
-            label=f"denoise {i + 1}/{v['steps']}",
+            label=f"denoise {i + 1}/{v['steps']}" + (f" ({expert})" if suffix else ""),
         )
+
+    def _step(self, state: LoopState, out: dict[str, Any]) -> None:
+        """CFG combine with the step's expert's guidance, then the sampler update."""
+        values, tensors = state.values, state.tensors
+        expert = self._expert(state, state.step)
+        guidance = values["guidance"][expert]
+        if "cond" in out:  # two-forward CFG
+            velocity = out["uncond"] + guidance * (out["cond"] - out["uncond"])
+        elif values["cfg"]:  # batched CFG: rows are [cond, uncond]
+            cond, uncond = out["velocity"].chunk(2)
+            velocity = uncond + guidance * (cond - uncond)
+        else:
+            velocity = out["velocity"]
+        sampler = self._sampler(self.instance, state)
+        sched = Schedule(tensors["timesteps"], tensors["sigmas"])
+        tensors["latents"] = sampler.step(
+            tensors, values, sched, state.step, velocity, tensors["latents"], state.generator
+        )
+        values["experts_run"].append(expert)
+        state.step += 1
+        if state.step == values["steps"] and "condition" in tensors and "frame_mask" in tensors:
+            mask = tensors["frame_mask"]  # the image's frame goes back in, as diffusers' TI2V does
+            tensors["latents"] = (1 - mask) * tensors["condition"] + mask * tensors["latents"]
 
     @staticmethod
     def _cost(inst, state: LoopState, latents: torch.Tensor) -> float:
@@ -309,26 +473,22 @@ class WanLoop:
             precision=str(instance.dtype),
         )
 
-    def _kv_keys(self, inst, state: LoopState) -> list[CacheKey]:
+    def _kv_keys(self, inst, state: LoopState, expert: str) -> list[CacheKey]:
         te = inst.weights_versions["text_encoder"]
         return [
             CacheKey(
                 k.model,
-                "transformer",
-                inst.weights_versions["transformer"],
+                expert,
+                inst.weights_versions[expert],
                 k.content_hash,
                 tuple(sorted((*k.extra, ("text_encoder_version", te)))),
             )
             for k in self._keys(inst, state)
         ]
 
-    def _set_embeds(self, inst, state: LoopState, embeds: torch.Tensor) -> None:
-        """Store the prompt embeddings, then the text keys/values too if every row is cached."""
+    @staticmethod
+    def _set_embeds(state: LoopState, embeds: torch.Tensor) -> None:
+        """Store the prompt embeddings: row 0 the prompt, row 1 (under CFG) the negative prompt."""
         state.tensors["text"] = embeds[:1]
         if embeds.shape[0] > 1:
             state.tensors["neg_text"] = embeds[1:2]
-        kv = [inst.kv_cache.get(k) for k in self._kv_keys(inst, state)]
-        state.values["kv_cache_hits"] = sum(t is not None for t in kv)
-        if all(t is not None for t in kv):
-            state.tensors["kv"] = torch.stack(kv)
-        state.values["phase"] = "denoise" if "kv" in state.tensors else "text_kv"

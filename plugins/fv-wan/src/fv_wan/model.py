@@ -1,7 +1,8 @@
 """A live Wan model instance: a card bound to a checkpoint folder.
 
-Components load lazily, only when a request's task needs them (the card's
-``required_for``), and are shared by every request on the instance. The
+Components load lazily, when a request's work first needs them, and are
+shared by every request on the instance: Wan2.2 A14B's low-noise expert is
+loaded by the first step that runs on it, CLIP by the first I2V request. The
 instance also owns the text-embedding FeatureCache and each component's
 weights version, which scopes that cache, and the kernels it runs: an
 attention kernel resolved by the core (``kernels``) runs every block's
@@ -22,6 +23,7 @@ from fv_core import ConfigError, FeatureCache, ModelCard
 from fv_core.weights import weights_fingerprint
 from fv_wan.attention import describe, grid_of, install
 from fv_wan.checkpoint import check_layout, load_component, load_scheduler_config
+from fv_wan.variant import WanVariant
 
 _IDS = itertools.count()
 
@@ -39,6 +41,7 @@ class WanModel:
         self.card = card
         self.kernels = _check_kernels(card, kernels)  # op -> (impl, selection record); None: diffusers' SDPA
         self.weights = check_layout(weights)
+        self.variant = WanVariant.of(self.weights)
         self.device = torch.device(device)
         self.dtype = getattr(torch, card.precision.default)
         self.scheduler_config = load_scheduler_config(self.weights)
@@ -49,7 +52,7 @@ class WanModel:
         self.weights_versions = {
             name: weights_fingerprint(self.weights, spec.subfolder or name)
             for name, spec in card.components.items()
-            if spec.kind in ("dit", "vae", "text_encoder")
+            if spec.kind in ("dit", "vae", "text_encoder", "image_encoder")
         }
         self._components: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -71,7 +74,7 @@ class WanModel:
                 module = load_component(self.weights, spec.subfolder or name, self.dtype)
                 if isinstance(module, torch.nn.Module):
                     module = module.to(self.device)
-                if name == "transformer" and self.kernels is not None:
+                if name in self.variant.experts and self.kernels is not None:
                     install(module, self.kernels["attention"][0], self.card.model_id)
                 self._components[name] = module
             return self._components[name]

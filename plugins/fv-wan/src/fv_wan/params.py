@@ -27,10 +27,14 @@ class WanParams(Params):
         json_schema_extra=param_meta("max_frames", "--frames"),
     )
     height: int = Field(
-        ge=16, description="pixels, a multiple of 16", json_schema_extra=param_meta("max_height")
+        ge=16,
+        description="pixels, a multiple of 16 (32 for Wan2.2 TI2V-5B)",
+        json_schema_extra=param_meta("max_height"),
     )
     width: int = Field(
-        ge=16, description="pixels, a multiple of 16", json_schema_extra=param_meta("max_width")
+        ge=16,
+        description="pixels, a multiple of 16 (32 for Wan2.2 TI2V-5B)",
+        json_schema_extra=param_meta("max_width"),
     )
     num_inference_steps: int = Field(
         ge=1, description="denoising steps", json_schema_extra=param_meta("max_steps", "--steps")
@@ -40,6 +44,13 @@ class WanParams(Params):
         le=MAX_GUIDANCE,
         description="CFG scale; 1 turns CFG off",
         json_schema_extra=param_meta("max_guidance", "--guidance"),
+    )
+    guidance_scale_2: float | None = Field(
+        None,
+        ge=0.0,
+        le=MAX_GUIDANCE,
+        description="CFG scale of Wan2.2 A14B's low-noise expert (default: guidance_scale)",
+        json_schema_extra=param_meta("max_guidance", "--guidance-2"),
     )
     sampler: Literal["unipc", "euler", "dmd"] = Field(description="sampler (the card's loop lists its own)")
     flow_shift: float = Field(
@@ -59,13 +70,21 @@ class WanParams(Params):
                 f"Fix: use {max(1, (frames - 1) // 4 * 4 + 1)}",
                 param="num_frames",
             )
+        scale = card.components["vae"].config.get("scale_factor_spatial", 8)
+        multiple = scale * 2
         for name, value in (("height", self.height), ("width", self.width)):
-            if value % 16:
+            if value % multiple:
                 raise ConfigError(
-                    f"{name}={value} must be a multiple of 16 (VAE x8, patch x2). "
-                    f"Fix: use {max(16, value // 16 * 16)}",
+                    f"{name}={value} must be a multiple of {multiple} (VAE x{scale}, patch x2). "
+                    f"Fix: use {max(multiple, value // multiple * multiple)}",
                     param=name,
                 )
+        if self.guidance_scale_2 is not None and "transformer_2" not in card.components:
+            raise ConfigError(
+                f"guidance_scale_2={self.guidance_scale_2}: card {card.model_id!r} has one transformer; only "
+                "Wan2.2 A14B cards have a second (low-noise) expert. Fix: drop guidance_scale_2.",
+                param="guidance_scale_2",
+            )
         samplers = card.loops[loop_id].samplers
         if self.sampler not in samplers:
             raise RecipeLoopMismatch(

@@ -11,6 +11,15 @@ CARDS = {
     "wan2.1-t2v-1.3b": "fv_wan.cards:wan_1_3b",
     "wan2.1-t2v-14b": "fv_wan.cards:wan_14b",
     "fastwan2.1-t2v-1.3b": "fv_wan.cards:fastwan_1_3b",
+    "wan2.1-i2v-tiny": "fv_wan.cards:wan21_i2v_tiny",
+    "wan2.2-ti2v-tiny": "fv_wan.cards:wan22_ti2v_tiny",
+    "wan2.2-t2v-a14b-tiny": "fv_wan.cards:wan22_t2v_a14b_tiny",
+    "wan2.2-i2v-a14b-tiny": "fv_wan.cards:wan22_i2v_a14b_tiny",
+    "wan2.1-i2v-14b-480p": "fv_wan.cards:wan21_i2v_480p",
+    "wan2.1-i2v-14b-720p": "fv_wan.cards:wan21_i2v_720p",
+    "wan2.2-ti2v-5b": "fv_wan.cards:wan22_ti2v_5b",
+    "wan2.2-t2v-a14b": "fv_wan.cards:wan22_t2v_a14b",
+    "wan2.2-i2v-a14b": "fv_wan.cards:wan22_i2v_a14b",
 }
 
 
@@ -35,3 +44,4 @@ def fv_register_loops(register) -> None:
 @hookimpl
 def fv_register_pipelines(register) -> None:
     register("WanPipeline", "fv_wan.folder:WanFolder")
+    register("WanImageToVideoPipeline", "fv_wan.folder:WanFolder")

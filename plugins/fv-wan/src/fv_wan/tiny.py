@@ -1,8 +1,10 @@
-"""The embedded ``wan2.1-t2v-tiny`` checkpoint: Wan2.1's real architecture at
-tiny size with RANDOM weights from a fixed seed, written once in the published
-diffusers layout so it loads through the same loader as the real checkpoints.
+"""The embedded tiny checkpoints: Wan's real architectures at tiny size with
+RANDOM weights from a fixed seed, written once in the published diffusers
+layouts so they load through the same loader as the real checkpoints.
 
-Its outputs are noise-like videos; it exists for tests, demos and benchmarks.
+``wan2.1-t2v-tiny`` and one per variant (Wan2.1 I2V, Wan2.2 TI2V-5B, Wan2.2
+A14B T2V and I2V: ``VARIANTS``). Their outputs are noise-like videos; they exist
+for tests, demos and benchmarks.
 """
 
 from __future__ import annotations
@@ -64,6 +66,27 @@ TINY_TRANSFORMER = dict(
     rope_max_seq_len=1024,
 )
 TINY_VAE = dict(base_dim=3, z_dim=16)
+# Wan2.2 TI2V-5B's VAE layout at tiny width: 48 latent channels, 2x2 pixel patches, x16 space
+TINY_VAE_22 = dict(
+    base_dim=4,
+    decoder_base_dim=4,
+    z_dim=48,
+    is_residual=True,
+    in_channels=12,
+    out_channels=12,
+    patch_size=2,
+    scale_factor_spatial=16,
+    latents_mean=[round(0.05 * (i % 7) - 0.15, 3) for i in range(48)],
+    latents_std=[round(0.8 + 0.1 * (i % 5), 3) for i in range(48)],
+)
+TINY_CLIP = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    image_size=32,
+    patch_size=8,
+)
 TINY_TEXT = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
 
 # A small closed vocabulary; words outside it map to <unk>.
@@ -98,41 +121,112 @@ def tiny_weights(path: str | os.PathLike | None = None) -> str:
     return materialize(target, write_tiny_checkpoint)
 
 
-def write_tiny_checkpoint(folder: Path, transformer: dict | None = None, seed: int = SEED) -> None:
-    """Write the full diffusers layout into ``folder`` (random weights from ``seed``).
+# variant -> what its folder holds beyond Wan2.1 T2V's: transformer config, VAE, pipeline class and
+# config, optional components (as the published Wan2.1 I2V / Wan2.2 folders lay them out)
+VARIANTS: dict[str, dict] = {
+    "t2v": dict(),
+    "i2v": dict(
+        transformer=dict(in_channels=36, image_dim=32, added_kv_proj_dim=32),
+        pipeline="WanImageToVideoPipeline",
+        image_encoder=True,
+    ),
+    "ti2v": dict(transformer=dict(in_channels=48, out_channels=48), vae=TINY_VAE_22, expand_timesteps=True),
+    "t2v-a14b": dict(boundary_ratio=0.875, experts=2),
+    "i2v-a14b": dict(
+        transformer=dict(in_channels=36), pipeline="WanImageToVideoPipeline", boundary_ratio=0.9, experts=2
+    ),
+}
 
-    :param transformer: overrides of the transformer config (the benchmark's medium size).
+
+def variant_weights(variant: str) -> str:
+    """Materialize the tiny checkpoint of ``variant`` (once) and return its folder."""
+    target = cache_dir() / "weights" / f"wan-tiny-{variant}" / TINY_VERSION
+    return materialize(target, lambda folder: write_tiny_checkpoint(folder, variant=variant))
+
+
+def i2v_weights() -> str:
+    return variant_weights("i2v")
+
+
+def ti2v_weights() -> str:
+    return variant_weights("ti2v")
+
+
+def t2v_a14b_weights() -> str:
+    return variant_weights("t2v-a14b")
+
+
+def i2v_a14b_weights() -> str:
+    return variant_weights("i2v-a14b")
+
+
+def write_tiny_checkpoint(
+    folder: Path, transformer: dict | None = None, seed: int = SEED, variant: str = "t2v"
+) -> None:
+    """Write the full diffusers layout of ``variant`` into ``folder`` (random weights from ``seed``).
+
+    :param transformer: overrides of the transformer config (the benchmark's medium size, a second shape).
     """
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        CLIPVisionModel,
+        UMT5Config,
+        UMT5EncoderModel,
+    )
 
-    folder = Path(folder)
+    folder, spec = Path(folder), VARIANTS[variant]
     vocab = tiny_vocab()
+    dit_config = {**TINY_TRANSFORMER, **spec.get("transformer", {}), **(transformer or {})}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        dit = WanTransformer3DModel(**{**TINY_TRANSFORMER, **(transformer or {})})
-        vae = AutoencoderKLWan(**TINY_VAE)
+        experts = [WanTransformer3DModel(**dit_config) for _ in range(spec.get("experts", 1))]
+        vae = AutoencoderKLWan(**spec.get("vae", TINY_VAE))
         text_config = UMT5Config(vocab_size=len(vocab), pad_token_id=0, eos_token_id=1, **TINY_TEXT)
         text_encoder = UMT5EncoderModel(text_config)
-    dit.save_pretrained(folder / "transformer", safe_serialization=True)
+        clip = CLIPVisionModel(CLIPVisionConfig(**TINY_CLIP)) if spec.get("image_encoder") else None
+    for name, dit in zip(("transformer", "transformer_2"), experts, strict=False):
+        dit.save_pretrained(folder / name, safe_serialization=True)
     vae.save_pretrained(folder / "vae", safe_serialization=True)
     text_encoder.save_pretrained(folder / "text_encoder", safe_serialization=True)
     word_tokenizer(vocab).save_pretrained(folder / "tokenizer")
-    write_pipeline_files(folder)
+    if clip is not None:
+        clip.save_pretrained(folder / "image_encoder", safe_serialization=True)
+        side = TINY_CLIP["image_size"]
+        processor = CLIPImageProcessor(
+            size={"shortest_edge": side}, crop_size={"height": side, "width": side}
+        )
+        processor.save_pretrained(folder / "image_processor")
+    write_pipeline_files(folder, variant)
 
 
-def write_pipeline_files(folder: Path) -> None:
-    """``scheduler/`` (Wan's UniPC config) and ``model_index.json`` of a diffusers WanPipeline folder."""
+def write_pipeline_files(folder: Path, variant: str = "t2v") -> None:
+    """``scheduler/`` (Wan's UniPC config) and ``model_index.json`` of a diffusers Wan pipeline folder."""
+    spec = VARIANTS[variant]
     (folder / "scheduler").mkdir(exist_ok=True)
     (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps(WAN_SCHEDULER_CONFIG, indent=2))
+    dit = ["diffusers", "WanTransformer3DModel"]
+    clip = spec.get("image_encoder")
     model_index = {
-        "_class_name": "WanPipeline",
+        "_class_name": spec.get("pipeline", "WanPipeline"),
         "scheduler": ["diffusers", "UniPCMultistepScheduler"],
         "text_encoder": ["transformers", "UMT5EncoderModel"],
         "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-        "transformer": ["diffusers", "WanTransformer3DModel"],
+        "transformer": dit,
         "vae": ["diffusers", "AutoencoderKLWan"],
     }
+    if variant != "t2v":  # Wan2.2-era folders list every slot and the pipeline's config
+        model_index.update(
+            transformer_2=dit if spec.get("experts") == 2 else [None, None],
+            boundary_ratio=spec.get("boundary_ratio"),
+            expand_timesteps=spec.get("expand_timesteps", False),
+        )
+    if model_index["_class_name"] == "WanImageToVideoPipeline":
+        model_index.update(
+            image_encoder=["transformers", "CLIPVisionModel"] if clip else [None, None],
+            image_processor=["transformers", "CLIPImageProcessor"] if clip else [None, None],
+        )
     (folder / "model_index.json").write_text(json.dumps(model_index, indent=2))
 
 

@@ -1,11 +1,12 @@
 """WanTransformer3DModel driven at block granularity.
 
-The same math as the module's own ``forward`` (text-to-video path: no image
-conditioning, one timestep per sample), split into stages so interceptors,
-kernels and sequence parallelism can reach each block. The text side of
-every block's cross-attention (text projection, then each block's key and
-value) does not depend on the timestep, so it is computed once per prompt by
-:func:`text_kv` and reused by every denoise step.
+The same math as the module's own ``forward``, split into stages so interceptors,
+kernels and sequence parallelism can reach each block. The text side of every
+block's cross-attention (text projection, then each block's key and value) does
+not depend on the timestep, so it is computed once per prompt by :func:`text_kv`
+and reused by every denoise step; so is the image side of Wan2.1 I2V's
+cross-attention (:func:`image_kv`). A timestep is one per sample ``[B]`` or, for
+Wan2.2 TI2V, one per latent token ``[B, tokens]``.
 """
 
 from __future__ import annotations
@@ -35,53 +36,93 @@ def text_kv(model, text: torch.Tensor) -> torch.Tensor:
     return torch.stack(per_block, 1)
 
 
+def image_kv(model, image: torch.Tensor) -> torch.Tensor:
+    """The image side of every block's cross-attention for CLIP features [B, N, image_dim] (I2V models).
+
+    Returns [B, blocks, 2, N', dim]: per block the normalised added key and the added value.
+    """
+    context = model.condition_embedder.image_embedder(image)
+    per_block = [
+        torch.stack([b.attn2.norm_added_k(b.attn2.add_k_proj(context)), b.attn2.add_v_proj(context)], 1)
+        for b in model.blocks
+    ]
+    return torch.stack(per_block, 1)
+
+
 @dataclass(slots=True)
 class Prepared:
     """Everything the blocks need, computed once per call."""
 
     hidden: torch.Tensor  # [B, tokens, dim] patch embeddings
     kv: torch.Tensor  # [B, blocks, 2, L, dim] cross-attention keys/values (text_kv)
-    modulation: torch.Tensor  # [B, 6, dim] per-block timestep modulation
-    temb: torch.Tensor  # [B, dim] timestep embedding for the output norm
+    modulation: torch.Tensor  # [B, 6, dim] per-block timestep modulation ([B, tokens, 6, dim] per token)
+    temb: torch.Tensor  # [B, dim] timestep embedding for the output norm ([B, tokens, dim] per token)
     rotary: tuple[torch.Tensor, torch.Tensor]  # rope (cos, sin)
     grid: tuple[int, int, int]  # latent grid after patching (frames, height, width)
+    image_kv: torch.Tensor | None = None  # [B, blocks, 2, N, dim] image cross-attention (image_kv), I2V
 
 
-def prepare(model, latents: torch.Tensor, timestep: torch.Tensor, kv: torch.Tensor) -> Prepared:
-    """Patch embedding, rope and timestep embedding."""
+def prepare(
+    model,
+    latents: torch.Tensor,
+    timestep: torch.Tensor,
+    kv: torch.Tensor,
+    img_kv: torch.Tensor | None = None,
+) -> Prepared:
+    """Patch embedding, rope and timestep embedding (``timestep`` [B] or per token [B, tokens])."""
     p_t, p_h, p_w = model.config.patch_size
     _, _, frames, height, width = latents.shape
     rotary = model.rope(latents)
     hidden = model.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
     emb = model.condition_embedder
-    t = emb.timesteps_proj(timestep)
+    per_token = timestep.shape[1] if timestep.ndim == 2 else None
+    t = emb.timesteps_proj(timestep.flatten())
+    if per_token is not None:
+        t = t.unflatten(0, (-1, per_token))
     t_dtype = next(iter(emb.time_embedder.parameters())).dtype
     temb = emb.time_embedder(t if t.dtype == t_dtype or t_dtype == torch.int8 else t.to(t_dtype)).type_as(kv)
-    modulation = emb.time_proj(emb.act_fn(temb)).unflatten(1, (6, -1))
-    return Prepared(hidden, kv, modulation, temb, rotary, (frames // p_t, height // p_h, width // p_w))
+    modulation = emb.time_proj(emb.act_fn(temb)).unflatten(temb.ndim - 1, (6, -1))
+    grid = (frames // p_t, height // p_h, width // p_w)
+    return Prepared(hidden, kv, modulation, temb, rotary, grid, img_kv)
 
 
-def cross_attention(attn, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-    """``attn2`` with precomputed key/value ([B, 2, L, dim])."""
-    query = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
-    key, value = (kv[:, i].unflatten(2, (attn.heads, -1)) for i in (0, 1))
+def _modulate(table: torch.Tensor, emb: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
+    """``table`` [1, parts, dim] plus a timestep embedding [B, parts, dim] or per token [B, tokens, parts, dim],
+    split into ``parts`` tensors that broadcast over [B, tokens, dim]."""
+    if emb.ndim == 4:
+        return tuple(c.squeeze(2) for c in (table.unsqueeze(0) + emb.float()).chunk(parts, 2))
+    return (table + emb.float()).chunk(parts, 1)
+
+
+def _attend(query: torch.Tensor, kv: torch.Tensor, heads: int) -> torch.Tensor:
+    key, value = (kv[:, i].unflatten(2, (heads, -1)) for i in (0, 1))
     q, k, v = (t.permute(0, 2, 1, 3) for t in (query, key, value))
     out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
-    out = out.permute(0, 2, 1, 3).flatten(2, 3).type_as(query)
+    return out.permute(0, 2, 1, 3).flatten(2, 3).type_as(query)
+
+
+def cross_attention(
+    attn, x: torch.Tensor, kv: torch.Tensor, img_kv: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``attn2`` with precomputed text key/value ([B, 2, L, dim]) and, for I2V, image key/value: the two
+    attentions are computed separately and summed, as Wan does."""
+    query = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    out = _attend(query, kv, attn.heads)
+    if img_kv is not None:
+        out = out + _attend(query, img_kv, attn.heads)
     return attn.to_out[1](attn.to_out[0](out))
 
 
 def block_forward(block, hidden: torch.Tensor, prep: Prepared, index: int) -> torch.Tensor:
     """One WanTransformerBlock: modulated self-attention, cross-attention, modulated feed-forward."""
-    shift, scale, gate, c_shift, c_scale, c_gate = (block.scale_shift_table + prep.modulation.float()).chunk(
-        6, 1
-    )
+    shift, scale, gate, c_shift, c_scale, c_gate = _modulate(block.scale_shift_table, prep.modulation, 6)
     norm = (block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
     with token_grid(prep.grid):  # grid kernels (STA) on attn1 read it
         attn = block.attn1(norm, None, None, prep.rotary)
     hidden = (hidden.float() + attn * gate).type_as(hidden)
     norm = block.norm2(hidden.float()).type_as(hidden)
-    hidden = hidden + cross_attention(block.attn2, norm, prep.kv[:, index])
+    img_kv = None if prep.image_kv is None else prep.image_kv[:, index]
+    hidden = hidden + cross_attention(block.attn2, norm, prep.kv[:, index], img_kv)
     norm = (block.norm3(hidden.float()) * (1 + c_scale) + c_shift).type_as(hidden)
     return (hidden.float() + block.ffn(norm).float() * c_gate).type_as(hidden)
 
@@ -110,7 +151,11 @@ def run_blocks(
 
 def finish(model, prep: Prepared, hidden: torch.Tensor) -> torch.Tensor:
     """Output norm with timestep shift/scale, projection and unpatchify."""
-    shift, scale = (model.scale_shift_table + prep.temb.unsqueeze(1)).chunk(2, dim=1)
+    table, temb = model.scale_shift_table, prep.temb.unsqueeze(-2)  # [1, 2, dim]; [B(, tokens), 1, dim]
+    if temb.ndim == 4:  # per token
+        shift, scale = (c.squeeze(2) for c in (table.unsqueeze(0) + temb).chunk(2, dim=2))
+    else:
+        shift, scale = (table + temb).chunk(2, dim=1)
     hidden = (model.norm_out(hidden.float()) * (1 + scale) + shift).type_as(hidden)
     hidden = model.proj_out(hidden)
     frames, height, width = prep.grid
@@ -127,9 +172,11 @@ def wan_forward_kv(
     around_block: AroundBlock | None = None,
     hook: BlockHook | None = None,
     branch: str = "main",
+    img_kv: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Flow velocity for ``latents`` [B, C, F, H, W] at ``timestep`` [B] given ``text_kv`` output."""
-    prep = prepare(model, latents, timestep, kv)
+    """Flow velocity for ``latents`` [B, C, F, H, W] at ``timestep`` [B] (or [B, tokens]) given ``text_kv``
+    output (and ``image_kv`` output for I2V models)."""
+    prep = prepare(model, latents, timestep, kv, img_kv)
     return finish(model, prep, run_blocks(model, prep, around_block, hook, branch))
 
 
