@@ -63,13 +63,14 @@ def encode_body(text_encoder, inputs: dict[str, Any]) -> dict[str, Any]:
     return {"embeds": torch.where(mask.bool().unsqueeze(-1), hidden, torch.zeros((), dtype=hidden.dtype))}
 
 
-def denoise_body(transformer, branch_suffix: str, inputs: dict[str, Any]) -> dict[str, Any]:
+def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
     """Flow velocity; with ``neg_kv`` present, one forward per CFG branch (two-forward CFG).
 
     ``inputs[BLOCKS_INPUT]``: the request's block hook when a block interceptor is on (else None);
-    ``branch_suffix`` keeps a second expert's block caches apart from the first's.
+    ``inputs["branch_suffix"]`` keeps a second expert's block caches apart from the first's.
     """
     latents, t, hook = inputs["latents"], inputs["timestep"], inputs.get(BLOCKS_INPUT)
+    branch_suffix = inputs.get("branch_suffix", "")
     img_kv = inputs.get("img_kv")
     if "neg_kv" in inputs:
         cond, uncond = ("cond" + branch_suffix, "uncond" + branch_suffix)
@@ -401,6 +402,9 @@ class WanLoop:
             if mode == "two_forward":
                 inputs["neg_kv"] = kv[1:]
         inputs[BLOCKS_INPUT] = None  # block-structured body: the runner may attach a block hook here
+        suffix = "" if expert == HIGH_NOISE else f"@{expert}"
+        if suffix:
+            inputs["branch_suffix"] = suffix  # equal across a batch: the batch key names the expert
         shape_sig = (
             tuple(latents.shape[1:]),
             tuple(kv.shape[1:]),
@@ -408,10 +412,9 @@ class WanLoop:
             tuple(timestep.shape[1:]),
             str(timestep.dtype),
         )
-        suffix = "" if expert == HIGH_NOISE else f"@{expert}"
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(denoise_body, inst.component(expert), suffix),
+            body=partial(denoise_body, inst.component(expert)),
             inputs=inputs,
             batch_key=BatchKey(
                 f"{inst.instance_id}/{expert}", "diffusion_denoise", shape_sig, precision, graph_key=mode
