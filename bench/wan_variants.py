@@ -7,7 +7,8 @@ one random-weight folder with the medium transformer (8 blocks, 8 x 64 heads; bo
 A14B) is written in the published layout; fv (``fv_core.load`` of the folder) and diffusers'
 pipeline on the same folder then run the same request alternately in this one process, the same
 weights, image, prompt, seed and settings (two-forward CFG, as diffusers). Latency is min and
-median over repeats, after one warm-up each; the JSON also holds the max frame difference.
+median over repeats, after one warm-up each, every call with a new prompt (fv's text-embedding
+and text K/V caches miss: cold requests); the JSON also holds the max frame difference.
 
 Memory: fv loads an A14B expert when the first step that needs it runs. A 1-step request (timestep
 999, high-noise only) leaves one expert resident, a full request both: resident bytes of each.
@@ -31,6 +32,17 @@ MEDIUM = dict(num_attention_heads=8, attention_head_dim=64, ffn_dim=2048, num_la
 SMOKE = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2)
 SIZE = dict(num_frames=9, height=64, width=64)
 PROMPT, NEGATIVE = "a red car driving in the city at night", "blurry low quality"
+# every timed call a new prompt (the same sequence on both sides): fv's text caches never hit
+PROMPTS = [
+    "a red car driving in the city at night",
+    "a cat running in the forest",
+    "a boat on the lake at sunset",
+    "an astronaut flying over a planet",
+    "a dog playing in the snow",
+    "a bird flying over the ocean",
+    "a horse running on the beach",
+    "a robot dancing in the kitchen",
+]
 IMAGE = (np.random.default_rng(0).random((72, 96, 3)) * 255).astype(np.uint8)
 
 # name -> (tiny-writer variant, diffusers pipeline, fv task, image?, extra settings)
@@ -44,10 +56,11 @@ VARIANTS = {
 
 
 def timed(fn, repeats: int) -> tuple[list[float], object]:
-    out, times = fn(), []  # warm-up
-    for _ in range(repeats):
+    """Seconds of ``fn(prompt)`` for ``repeats`` new prompts after a warm-up; the warm-up's output."""
+    out, times = fn(PROMPTS[0]), []
+    for i in range(repeats):
         t0 = time.perf_counter()
-        out = fn()
+        fn(PROMPTS[1 + i % (len(PROMPTS) - 1)])
         times.append(time.perf_counter() - t0)
     return times, out
 
@@ -66,7 +79,6 @@ def run_variant(
     import fv_core
 
     settings = dict(
-        prompt=PROMPT,
         negative_prompt=NEGATIVE,
         num_inference_steps=steps,
         guidance_scale=5.0,
@@ -78,15 +90,16 @@ def run_variant(
     pipe.set_progress_bar_config(disable=True)
     pil = Image.fromarray(IMAGE)
 
-    def ours():
+    def ours(prompt: str):
+        image_in = pil if image else None
         return model.generate(
-            task=task, image=pil if image else None, seed=1, max_sequence_length=512, **settings
+            task=task, image=image_in, prompt=prompt, seed=1, max_sequence_length=512, **settings
         )
 
-    def theirs():
+    def theirs(prompt: str):
         kwargs = {"image": pil} if image else {}
         generator = torch.Generator().manual_seed(1)
-        return pipe(**settings, **kwargs, generator=generator, output_type="np").frames[0]
+        return pipe(prompt=prompt, **settings, **kwargs, generator=generator, output_type="np").frames[0]
 
     with torch.no_grad():
         fv_times, fv_out = timed(ours, repeats)
@@ -97,7 +110,7 @@ def run_variant(
         "diffusers": df_s,
         "latency_ratio_min": round(fv_s["min_s"] / df_s["min_s"], 3),
         "latency_ratio_median": round(fv_s["median_s"] / df_s["median_s"], 3),
-        "max_abs_frame_diff": float(np.abs(fv_out.frames - df_out).max()),
+        "max_abs_frame_diff": float(np.abs(fv_out.frames - df_out).max()),  # the warm-up request
         "experts": fv_out.provenance["metrics"].get("experts"),
     }
 
@@ -129,8 +142,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (CI)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "wan_variants.json"))
+    ap.add_argument(
+        "--out", help="default: bench/results/wan_variants.json (wan_variants_smoke.json with --smoke)"
+    )
     args = ap.parse_args()
+    name = "wan_variants_smoke.json" if args.smoke else "wan_variants.json"
+    args.out = args.out or str(Path(__file__).parent / "results" / name)
 
     import torch
 
@@ -152,7 +169,14 @@ def main() -> None:
                 memory = a14b_memory(str(folder))
     out = {
         "checkpoint": {"transformer": shape, "weights": "random", "smoke": args.smoke},
-        "request": {**SIZE, "steps": args.steps, "guidance": 5.0, "cfg": "two_forward", "sampler": "unipc"},
+        "request": {
+            **SIZE,
+            "steps": args.steps,
+            "guidance": 5.0,
+            "cfg": "two_forward",
+            "sampler": "unipc",
+            "text_caches": "cold (a new prompt every call)",
+        },
         "machine": {
             "cpu": platform.processor() or platform.machine(),
             "torch_threads": args.threads,

@@ -1,5 +1,6 @@
-"""The card contract (fv_core.testing) on two Wan models: the tiny card on its folder, and a card that
-``fv_core.load`` builds from a folder of another configuration (3 blocks, FlowMatchEuler, shift 5)."""
+"""The card contract (fv_core.testing) on three Wan models: the tiny card on its folder, a card that
+``fv_core.load`` builds from a folder of another configuration (3 blocks, FlowMatchEuler, shift 5),
+and the tiny Wan2.2 T2V A14B card (two experts)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def reference(folder: str | Path):
             width=p["width"],
             num_inference_steps=p["num_inference_steps"],
             guidance_scale=p["guidance_scale"],
+            guidance_scale_2=p["guidance_scale_2"],
             max_sequence_length=p["max_sequence_length"],
             generator=torch.Generator().manual_seed(p["seed"]),
             output_type="np",
@@ -109,3 +111,17 @@ class TestCardBuiltFromAFolder(CardContract):
         defaults = contract_model.card.programs["t2v"].defaults
         assert defaults["sampler"] == "euler" and defaults["flow_shift"] == 5.0
         assert defaults["num_frames"] == 81 and defaults["height"] == 480  # diffusers' WanPipeline defaults
+
+
+class TestA14BTinyCard(CardContract):
+    @pytest.fixture(scope="class")
+    def contract_model(self, wan_host, variant_folders):
+        return fv_core.load("wan2.2-t2v-a14b-tiny", variant_folders["t2v-a14b", "first"], host=wan_host)
+
+    @pytest.fixture(scope="class")
+    def contract_reference(self, variant_folders):
+        return reference(variant_folders["t2v-a14b", "first"])
+
+    @pytest.fixture
+    def contract_requests(self):
+        return [{**REQUESTS[0], "guidance_scale_2": 2.0}, *REQUESTS[1:]]

@@ -22,6 +22,10 @@ from fv_core.runtime import Engine
 TOLERANCE = 1e-5
 IMAGE = np.random.default_rng(7).random((40, 56, 3)).astype(np.float32)  # not the video's aspect
 PROMPT, NEGATIVE = "a red cat running in the forest", "blurry low quality"
+# one request, as both sides take it (plus size, seed and each case's settings)
+SETTINGS = dict(
+    prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=5, num_inference_steps=4, guidance_scale=3.0
+)
 SMALL = dict(num_frames=5, height=32, width=48, max_sequence_length=512)  # folder-built cards default to 480p
 
 # variant -> (diffusers pipeline, fv task, whether an image goes in, size, extra settings)
@@ -46,13 +50,9 @@ def diffusers_frames(folder: str, pipeline: str, image: bool, size, settings: di
     height, width = size
     kwargs = dict(image=_pil(IMAGE)) if image else {}
     out = pipe(
-        prompt=PROMPT,
-        negative_prompt=NEGATIVE,
+        **SETTINGS,
         height=height,
         width=width,
-        num_frames=5,
-        num_inference_steps=4,
-        guidance_scale=3.0,
         generator=torch.Generator().manual_seed(5),
         output_type="np",
         **kwargs,
@@ -78,13 +78,9 @@ def test_c1_frames_match_diffusers(case, shape, variant_folders, wan_host):
         ours = model.generate(
             task=task,
             parts=[ImagePart(IMAGE)] if image else [],
-            prompt=PROMPT,
-            negative_prompt=NEGATIVE,
+            **SETTINGS,
             height=height,
             width=width,
-            num_frames=5,
-            num_inference_steps=4,
-            guidance_scale=3.0,
             max_sequence_length=512,
             seed=5,
             **settings,

@@ -152,7 +152,7 @@ class WanLoop:
             task=request.task,
             cfg=cfg,
             cfg_mode=p.cfg_mode,
-            guidance={expert: (p.guidance_scale, second)[i] for i, expert in enumerate(inst.variant.experts)},
+            guidance=dict(zip(inst.variant.experts, (p.guidance_scale, second), strict=False)),
             sampler=p.sampler,
             flow_shift=p.flow_shift,
             steps=p.num_inference_steps,
@@ -182,12 +182,7 @@ class WanLoop:
                 inst.device
             )
         if image is not None:
-            pil = conditioning.to_pil(image)
-            pixels = conditioning.vae_image(pil, v, p.height, p.width)
-            state.tensors["condition_video"] = conditioning.condition_video(pixels, v, p.num_frames)
-            if v.image_encoder:
-                processor = inst.component("image_processor")
-                state.tensors["clip_pixels"] = processor(images=pil, return_tensors="pt").pixel_values
+            self._prepare_image(state, image, p)
         state.values["phase"] = self._next_phase(state)
         return state
 
@@ -205,42 +200,18 @@ class WanLoop:
                 label="encode prompt",
             )
         if phase == "image_encode":
-            pixels = state.tensors["clip_pixels"]
-            return WorkPlan(
-                kind=WorkUnitKind.ENCODER_CHUNK,
-                body=partial(conditioning.clip_body, inst.component("image_encoder")),
-                inputs={"pixels": pixels},
-                batch_key=BatchKey(
-                    f"{inst.instance_id}/image_encoder", "encode", tuple(pixels.shape[1:]), precision
-                ),
-                label="encode image (CLIP)",
-            )
+            unit = (WorkUnitKind.ENCODER_CHUNK, "image_encoder", conditioning.clip_body, "encode")
+            return self._unit(*unit, {"pixels": state.tensors["clip_pixels"]}, "encode image (CLIP)")
         if phase == "condition":
-            video = state.tensors["condition_video"]
-            return WorkPlan(
-                kind=WorkUnitKind.VAE_TILE,
-                body=partial(conditioning.encode_condition_body, inst.component("vae")),
-                inputs={"video": video},
-                batch_key=BatchKey(
-                    f"{inst.instance_id}/vae", "vae_encode", tuple(video.shape[1:]), precision
-                ),
-                label="encode image (VAE)",
-            )
+            unit = (WorkUnitKind.VAE_TILE, "vae", conditioning.encode_condition_body, "vae_encode")
+            return self._unit(*unit, {"video": state.tensors["condition_video"]}, "encode image (VAE)")
         if phase == "text_kv":
             return self._text_kv_plan(state, inst, precision)
         if phase == "denoise":
             return self._denoise_plan(state, inst, precision)
         if phase == "decode":
-            latents = state.tensors["latents"]
-            return WorkPlan(
-                kind=WorkUnitKind.VAE_TILE,
-                body=partial(decode_body, inst.component("vae")),
-                inputs={"latents": latents},
-                batch_key=BatchKey(
-                    f"{inst.instance_id}/vae", "vae_decode", tuple(latents.shape[1:]), precision
-                ),
-                label="vae decode",
-            )
+            unit = (WorkUnitKind.VAE_TILE, "vae", decode_body, "vae_decode")
+            return self._unit(*unit, {"latents": state.tensors["latents"]}, "vae decode")
         return Done()
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
@@ -299,6 +270,24 @@ class WanLoop:
 
     # ---- helpers ----
 
+    def _unit(
+        self, kind, component: str, body, op: str, inputs: dict[str, torch.Tensor], label: str
+    ) -> WorkPlan:
+        """A one-row plan of ``body`` over ``component``, batchable with plans of the same input shape."""
+        inst, (tensor,) = self.instance, inputs.values()
+        return WorkPlan(
+            kind=kind,
+            body=partial(body, inst.component(component)),
+            inputs=inputs,
+            batch_key=BatchKey(
+                f"{inst.instance_id}/{component}",
+                op,
+                tuple(tensor.shape[1:]),
+                str(inst.dtype).removeprefix("torch."),
+            ),
+            label=label,
+        )
+
     @staticmethod
     def _image(request, accepts: list[str]):
         """The request's image ([H, W, 3] in 0..1) for the ``i2v`` loop (which requires exactly one), else None."""
@@ -307,6 +296,15 @@ class WanLoop:
             if "image" in accepts
             else None
         )
+
+    def _prepare_image(self, state: LoopState, image, p: WanParams) -> None:
+        """What the image phases encode: the VAE's condition video and, for Wan2.1 I2V, CLIP's pixels."""
+        variant, pil = self.instance.variant, conditioning.to_pil(image)
+        pixels = conditioning.vae_image(pil, variant, p.height, p.width)
+        state.tensors["condition_video"] = conditioning.condition_video(pixels, variant, p.num_frames)
+        if variant.image_encoder:
+            processor = self.instance.component("image_processor")
+            state.tensors["clip_pixels"] = processor(images=pil, return_tensors="pt").pixel_values
 
     def _next_phase(self, state: LoopState) -> str:
         """The first thing the request still lacks: text, image features, image latents, the step's

@@ -86,12 +86,13 @@ def prepare(
     return Prepared(hidden, kv, modulation, temb, rotary, grid, img_kv)
 
 
-def _modulate(table: torch.Tensor, emb: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
-    """``table`` [1, parts, dim] plus a timestep embedding [B, parts, dim] or per token [B, tokens, parts, dim],
-    split into ``parts`` tensors that broadcast over [B, tokens, dim]."""
-    if emb.ndim == 4:
-        return tuple(c.squeeze(2) for c in (table.unsqueeze(0) + emb.float()).chunk(parts, 2))
-    return (table + emb.float()).chunk(parts, 1)
+def _modulation(table: torch.Tensor, modulation: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A block's ``scale_shift_table`` [1, 6, dim] plus the timestep modulation [B, 6, dim] (or per token
+    [B, tokens, 6, dim]): shift, scale, gate of self-attention and of the feed-forward, each broadcasting
+    over [B, tokens, dim]."""
+    if modulation.ndim == 4:
+        return tuple(c.squeeze(2) for c in (table.unsqueeze(0) + modulation.float()).chunk(6, 2))
+    return (table + modulation.float()).chunk(6, 1)
 
 
 def _attend(query: torch.Tensor, kv: torch.Tensor, heads: int) -> torch.Tensor:
@@ -115,7 +116,7 @@ def cross_attention(
 
 def block_forward(block, hidden: torch.Tensor, prep: Prepared, index: int) -> torch.Tensor:
     """One WanTransformerBlock: modulated self-attention, cross-attention, modulated feed-forward."""
-    shift, scale, gate, c_shift, c_scale, c_gate = _modulate(block.scale_shift_table, prep.modulation, 6)
+    shift, scale, gate, c_shift, c_scale, c_gate = _modulation(block.scale_shift_table, prep.modulation)
     norm = (block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
     with token_grid(prep.grid):  # grid kernels (STA) on attn1 read it
         attn = block.attn1(norm, None, None, prep.rotary)
