@@ -45,7 +45,7 @@ def architecture_of(variant: WanVariant) -> dict[str, dict]:
 
 
 class WanFolder:
-    """The ``WanPipeline`` reader (``fv_register_pipelines``)."""
+    """The reader of ``WanPipeline`` and ``WanImageToVideoPipeline`` folders (``fv_register_pipelines``)."""
 
     @staticmethod
     def card(folder: Path) -> ModelCard:
