@@ -49,7 +49,8 @@ def _write_provenance(path: Path, provenance: dict[str, Any]) -> None:
     path.with_suffix(".json").write_text(json.dumps(provenance, indent=2, default=str))
 
 
-def _to_uint8(pixels: np.ndarray) -> np.ndarray:
+def to_uint8(pixels: np.ndarray) -> np.ndarray:
+    """Pixels in 0..1 as 8-bit values (clipped, rounded)."""
     return (np.clip(pixels, 0, 1) * 255).round().astype(np.uint8)
 
 
@@ -126,7 +127,7 @@ class VideoArtifact:
             path = _prepare(path, "video", SUFFIXES["video"])
         else:
             path = _prepare(path, "video with sound", AV_SUFFIXES)
-        pixels = _to_uint8(self.frames)
+        pixels = to_uint8(self.frames)
         if path.suffix.lower() == ".png":
             if len(pixels) != 1:
                 raise ConfigError(
@@ -212,7 +213,7 @@ class ImageArtifact:
         import imageio.v2 as imageio
 
         path = _prepare(path, "image", IMAGE_SUFFIXES)
-        imageio.imwrite(path, _to_uint8(self.image))
+        imageio.imwrite(path, to_uint8(self.image))
         _write_provenance(path, self.provenance)
         return path
 

@@ -11,6 +11,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from fv_core.artifacts import to_uint8
+
 
 @dataclass(frozen=True, slots=True)
 class TextPart:
@@ -26,6 +28,10 @@ class ImagePart:
 
     kind: ClassVar[str] = "image"
     image: np.ndarray
+
+    def pixels(self) -> np.ndarray:
+        """The image as 8-bit RGB ``[H, W, 3]`` (what a user hands diffusers as a PIL image)."""
+        return to_uint8(self.image)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +76,7 @@ def image_part(image: object) -> ImagePart:
         try:
             with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as opened:
                 return image_part(opened)
-        except (OSError, UnidentifiedImageError) as exc:
+        except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
             raise ConfigError(
                 f"{what} is not a readable image ({exc}). Fix: pass a PNG, JPEG or WebP file.", param="image"
             ) from None

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fv_core.artifacts import VideoArtifact
+from fv_core.artifacts import VideoArtifact, to_uint8
 from fv_core.deploy.card import DeploymentCard, Limits, ModelDeploy
 from fv_core.errors import AdmissionInfeasible, Cancelled, ConfigError, LimitExceeded, QueueFull
 from fv_core.load import load
@@ -396,10 +396,6 @@ def parse_size(size: str | None) -> tuple[int | None, int | None]:
     return width, height
 
 
-def _uint8(frames: np.ndarray) -> np.ndarray:
-    return (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
-
-
 def save_atomically(artifact: VideoArtifact, path: Path) -> None:
     """Save the artifact (and its provenance JSON) under hidden names, then move both into place."""
     tmp = artifact.save(path.with_name(f".{path.name}"))
@@ -411,5 +407,5 @@ def encode_png(frame: np.ndarray) -> bytes:
     from PIL import Image
 
     out = io.BytesIO()
-    Image.fromarray(_uint8(frame)).save(out, format="PNG")
+    Image.fromarray(to_uint8(frame)).save(out, format="PNG")
     return out.getvalue()

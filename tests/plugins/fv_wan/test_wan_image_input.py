@@ -167,3 +167,11 @@ def test_sta_runs_on_the_ti2v_card(host, variant_folders):
     dense = fv_core.load("wan2.2-ti2v-tiny", variant_folders["ti2v", "first"], host=host)
     plain = dense.generate(image=PIXELS, **{**FAST, "height": 128, "width": 128})
     assert (plain.frames != video.frames).any()  # windows smaller than the grid: a different attention
+
+
+def test_a_decompression_bomb_is_an_unreadable_image(monkeypatch):
+    png = io.BytesIO()
+    Image.fromarray(PIXELS).save(png, format="PNG")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 56x40 is then over twice PIL's limit
+    with pytest.raises(ConfigError, match="not a readable image.*decompression bomb"):
+        fv_core.request.image_part(png.getvalue())

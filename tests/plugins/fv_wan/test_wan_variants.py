@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import fv_core
 from fv_core import ConfigError
@@ -48,7 +49,7 @@ def diffusers_frames(folder: str, pipeline: str, image: bool, size, settings: di
     pipe = getattr(diffusers, pipeline).from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
     height, width = size
-    kwargs = dict(image=_pil(IMAGE)) if image else {}
+    kwargs = dict(image=Image.fromarray(ImagePart(IMAGE).pixels())) if image else {}
     out = pipe(
         **SETTINGS,
         height=height,
@@ -59,12 +60,6 @@ def diffusers_frames(folder: str, pipeline: str, image: bool, size, settings: di
         **settings,
     )
     return out.frames[0]
-
-
-def _pil(image: np.ndarray):
-    from PIL import Image
-
-    return Image.fromarray((image * 255).round().astype(np.uint8))
 
 
 @pytest.mark.parametrize("shape", ["first", "second"])

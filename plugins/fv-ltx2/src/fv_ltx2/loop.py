@@ -30,6 +30,7 @@ from fv_core import (
     WorkUnitKind,
 )
 from fv_core.extend import BLOCKS_INPUT
+from fv_core.request import ImagePart
 from fv_ltx2.model import LTX2Model
 from fv_ltx2.params import LTX2Params
 from fv_ltx2.transformer import forward_blocks
@@ -590,7 +591,7 @@ class LTX2ImageLoop(LTX2Loop):
     def init(self, request, instance=None, ctx=None) -> LoopState:
         images = [part for part in request.parts if part.kind == "image"]  # one: the loop requires it
         state = super().init(request, instance, ctx)
-        state.tensors["image"] = self._preprocess(images[0].image, request.params).to(self.instance.device)
+        state.tensors["image"] = self._preprocess(images[0], request.params).to(self.instance.device)
         if state.values["phase"] == "denoise":  # the prompt rows were cached: the image is next
             state.values["phase"] = "encode_image"
         return state
@@ -609,13 +610,13 @@ class LTX2ImageLoop(LTX2Loop):
             state.values["phase"] = "encode_image"
         return state
 
-    def _preprocess(self, image, p) -> torch.Tensor:
+    def _preprocess(self, image: ImagePart, p) -> torch.Tensor:
         """[1, 3, H, W] in -1..1: H.264 re-compressed at ``image_crf`` and resized as diffusers does."""
         from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf
         from diffusers.video_processor import VideoProcessor
         from PIL import Image
 
-        pixels = (np.clip(image, 0, 1) * 255).round().astype(np.uint8)
+        pixels = image.pixels()
         pil = Image.fromarray(apply_image_conditioning_crf(pixels, p.image_crf) if p.image_crf else pixels)
         vae = self.instance.component("vae")
         processor = VideoProcessor(vae_scale_factor=vae.spatial_compression_ratio, resample="bilinear")

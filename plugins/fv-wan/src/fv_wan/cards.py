@@ -376,7 +376,13 @@ TINY_DEFAULTS = dict(num_frames=5, height=32, width=32, num_inference_steps=4)
 
 
 def tiny_variant(
-    model_id: str, variant: str, what: str, tasks: tuple[str, ...], optional=(), **kw
+    model_id: str,
+    variant: str,
+    what: str,
+    tasks: tuple[str, ...],
+    optional: tuple[str, ...] = (),
+    defaults: dict | None = None,
+    config: dict[str, dict] | None = None,
 ) -> ModelCard:
     """A tiny card of a Wan variant whose weights ``fv_wan.tiny`` writes in the published layout."""
     return base_card(
@@ -385,8 +391,8 @@ def tiny_variant(
         StepCostModel(base_s=0.004, per_token_s=2e-6),
         tasks=tasks,
         optional=optional,
-        defaults={**TINY_DEFAULTS, **kw.pop("defaults", {})},
-        config=kw.pop("config", None),
+        defaults={**TINY_DEFAULTS, **(defaults or {})},
+        config=config,
         max_frames=81,
         max_resolution=(512, 512),
         kv_capacity=64,
@@ -435,8 +441,9 @@ def wan22_i2v_a14b_tiny() -> ModelCard:
     )
 
 
-def published(model_id: str, description: str, cost: StepCostModel, **kw) -> ModelCard:
-    return base_card(model_id, description, cost, kv_capacity=2, max_frames=kw.pop("max_frames", 81), **kw)
+def published(model_id: str, description: str, cost: StepCostModel, max_frames: int = 81, **kw) -> ModelCard:
+    """A card for a published Wan folder (its weights are passed with --weights)."""
+    return base_card(model_id, description, cost, kv_capacity=2, max_frames=max_frames, **kw)
 
 
 I2V_14B = architecture(40, 40, 128, 4096, 24, in_channels=36, image_dim=1280)

@@ -13,17 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from fv_wan.variant import WanVariant
-
-
-def to_pil(image: np.ndarray):
-    """An ImagePart's array ([H, W, 3] float 0..1) as the 8-bit RGB image users pass to diffusers."""
-    from PIL import Image
-
-    return Image.fromarray((np.clip(image, 0.0, 1.0) * 255).round().astype(np.uint8))
 
 
 def vae_image(pil, variant: WanVariant, height: int, width: int) -> torch.Tensor:
@@ -43,12 +35,18 @@ def condition_video(image: torch.Tensor, variant: WanVariant, num_frames: int) -
     return torch.cat([image, black], dim=2)
 
 
-def encode_condition_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
-    """The VAE's latent mode of the condition video, normalised with the VAE's mean and std."""
-    z = vae.encode(inputs["video"].to(vae.dtype)).latent_dist.mode().to(torch.float32)
+def latent_stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE's latent mean and 1/std, shaped [1, z_dim, 1, 1, 1] like ``like``: a latent is normalised
+    as ``(z - mean) * inv_std`` (Wan's convention, as diffusers computes it)."""
     shape = (1, vae.config.z_dim, 1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean).view(shape).to(z)
-    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(z)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(like)
+    return mean, 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(like)
+
+
+def encode_condition_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The VAE's latent mode of the condition video, normalised."""
+    z = vae.encode(inputs["video"].to(vae.dtype)).latent_dist.mode().to(torch.float32)
+    mean, inv_std = latent_stats(vae, z)
     return {"latents": (z - mean) * inv_std}
 
 
@@ -65,6 +63,11 @@ def concat_condition(latents: torch.Tensor, temporal_scale: int) -> torch.Tensor
     mask = latents.new_zeros(latents.shape[0], temporal_scale, frames, height, width)
     mask[:, :, 0] = 1.0
     return torch.cat([mask, latents], dim=1)
+
+
+def with_image_frame(latents: torch.Tensor, condition: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``first_frame``: the image's latent where the mask is 0 (frame 0), ``latents`` elsewhere."""
+    return (1 - mask) * condition + mask * latents
 
 
 def first_frame_mask(latents_shape: tuple[int, ...], has_image: bool) -> torch.Tensor:

@@ -34,6 +34,7 @@ from fv_core import (
     WorkUnitKind,
 )
 from fv_core.extend import BLOCKS_INPUT
+from fv_core.request import ImagePart
 from fv_wan import conditioning
 from fv_wan.model import WanModel
 from fv_wan.params import WanParams
@@ -102,9 +103,7 @@ def text_kv_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
 def decode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
     """Un-normalise latents, VAE decode, map to frames [B, F, H, W, 3] in 0..1."""
     z = inputs["latents"].to(vae.dtype)
-    shape = (1, vae.config.z_dim, 1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean).view(shape).to(z)
-    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(z)
+    mean, inv_std = conditioning.latent_stats(vae, z)
     video = vae.decode(z / inv_std + mean, return_dict=False)[0]
     return {"frames": (video * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).float()}
 
@@ -128,7 +127,8 @@ class WanLoop:
             )
         inst.components_for(request.task)  # rejects tasks the card does not serve
         loop_id = inst.card.programs[request.task].stages[0]
-        image = self._image(request, inst.card.loops[loop_id].accepts)
+        # the i2v loop's one image (prepare refuses images elsewhere, and an i2v request without one)
+        image = next((part for part in request.parts if part.kind == "image"), None)
         gen = torch.Generator(device="cpu").manual_seed(p.seed)
         state = LoopState(
             request_id=request.request_id, loop_id=loop_id, total_steps=p.num_inference_steps, generator=gen
@@ -288,18 +288,11 @@ class WanLoop:
             label=label,
         )
 
-    @staticmethod
-    def _image(request, accepts: list[str]):
-        """The request's image ([H, W, 3] in 0..1) for the ``i2v`` loop (which requires exactly one), else None."""
-        return (
-            next((part.image for part in request.parts if part.kind == "image"), None)
-            if "image" in accepts
-            else None
-        )
-
-    def _prepare_image(self, state: LoopState, image, p: WanParams) -> None:
+    def _prepare_image(self, state: LoopState, image: ImagePart, p: WanParams) -> None:
         """What the image phases encode: the VAE's condition video and, for Wan2.1 I2V, CLIP's pixels."""
-        variant, pil = self.instance.variant, conditioning.to_pil(image)
+        from PIL import Image
+
+        variant, pil = self.instance.variant, Image.fromarray(image.pixels())
         pixels = conditioning.vae_image(pil, variant, p.height, p.width)
         state.tensors["condition_video"] = conditioning.condition_video(pixels, variant, p.num_frames)
         if variant.image_encoder:
@@ -372,7 +365,7 @@ class WanLoop:
         if variant.conditioning == "first_frame":
             mask = tensors["frame_mask"]
             if "condition" in tensors:
-                latents = (1 - mask) * tensors["condition"] + mask * latents
+                latents = conditioning.with_image_frame(latents, tensors["condition"], mask)
             _, p_h, p_w = variant.patch
             return latents, (mask[0, 0][:, ::p_h, ::p_w] * t).flatten().unsqueeze(0)
         return latents, t.expand(1)
@@ -442,8 +435,10 @@ class WanLoop:
         values["experts_run"].append(expert)
         state.step += 1
         if state.step == values["steps"] and "condition" in tensors and "frame_mask" in tensors:
-            mask = tensors["frame_mask"]  # the image's frame goes back in, as diffusers' TI2V does
-            tensors["latents"] = (1 - mask) * tensors["condition"] + mask * tensors["latents"]
+            # first_frame: the image's frame goes back in, as diffusers' TI2V does
+            tensors["latents"] = conditioning.with_image_frame(
+                tensors["latents"], tensors["condition"], tensors["frame_mask"]
+            )
 
     @staticmethod
     def _cost(inst, state: LoopState, latents: torch.Tensor) -> float:

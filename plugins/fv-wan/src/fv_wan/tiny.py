@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -144,20 +145,11 @@ def variant_weights(variant: str) -> str:
     return materialize(target, lambda folder: write_tiny_checkpoint(folder, variant=variant))
 
 
-def i2v_weights() -> str:
-    return variant_weights("i2v")
-
-
-def ti2v_weights() -> str:
-    return variant_weights("ti2v")
-
-
-def t2v_a14b_weights() -> str:
-    return variant_weights("t2v-a14b")
-
-
-def i2v_a14b_weights() -> str:
-    return variant_weights("i2v-a14b")
+# the tiny cards' ``default_weights`` (a card names a callable without arguments)
+i2v_weights = partial(variant_weights, "i2v")
+ti2v_weights = partial(variant_weights, "ti2v")
+t2v_a14b_weights = partial(variant_weights, "t2v-a14b")
+i2v_a14b_weights = partial(variant_weights, "i2v-a14b")
 
 
 def write_tiny_checkpoint(

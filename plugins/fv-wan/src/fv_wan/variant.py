@@ -63,20 +63,6 @@ class WanVariant:
             patch=tuple(dit.get("patch_size", (1, 2, 2))),  # type: ignore[arg-type]
         )
 
-    @property
-    def takes_image(self) -> bool:
-        return self.conditioning != "none"
-
-    @property
-    def needs_image(self) -> bool:
-        """Concatenated conditioning has no text-only path (the channels must hold an image)."""
-        return self.conditioning == "concat"
-
-    @property
-    def size_multiple(self) -> int:
-        """Height and width must be multiples of this (VAE scale x patch)."""
-        return self.spatial_scale * self.patch[1]
-
 
 def _config(folder: Path, component: str) -> dict:
     return json.loads((folder / component / "config.json").read_text())
