@@ -70,8 +70,12 @@ def create_app(
     data_dir: str | Path | None = None,
     api_key: str | None = None,
     device: str = "cpu",
+    replica: str | None = None,
 ) -> FastAPI:
     """An app serving ``deploy``; models load and the engine starts in its lifespan.
+
+    ``replica`` (a fleet replica's unique id) opens the data dir's job store in shared mode, so
+    several replicas serve one job table (see ``JobStore``); answers then carry ``x-fv-replica``.
 
     The request bodies (and so the OpenAPI schema) are OpenAI's fields plus the request params
     of the deployed cards' tasks, from their loops' Params."""
@@ -83,7 +87,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = JobStore(data_dir or deploy.data_dir or default_data_dir(), deploy.retention.max_age_s)
+        store = JobStore(
+            data_dir or deploy.data_dir or default_data_dir(), deploy.retention.max_age_s, owner=replica
+        )
         service = Service(deploy, plugins, store, metrics, device)
         try:
             await service.start()
@@ -103,6 +109,8 @@ def create_app(
         request.state.request_id = rid
         response = await call_next(request)
         response.headers["x-request-id"] = rid
+        if replica is not None:
+            response.headers["x-fv-replica"] = replica
         log.info("%s %s -> %s [request %s]", request.method, request.url.path, response.status_code, rid)
         return response
 
@@ -111,7 +119,8 @@ def create_app(
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
         service: Service = request.app.state.service
-        return {"status": "ok", "models": sorted(service.models), "running": len(service.live)}
+        health = {"status": "ok", "models": sorted(service.models), "running": len(service.live)}
+        return health if replica is None else {**health, "replica": replica}
 
     @app.get("/metrics", response_class=Response)
     async def prometheus() -> Response:

@@ -35,6 +35,8 @@ from fv_core.serving.metrics import Metrics
 from fv_core.serving.schemas import API_FIELDS, ImageBase, Video, VideoBase
 
 log = logging.getLogger("fv.serving")
+WATCH_S = 0.2  # shared store: how often a replica looks for its jobs deleted through another replica
+RECOVER_S = 5.0  # shared store: how often it recovers the jobs of replicas that stopped
 
 
 class ApiError(Exception):
@@ -74,6 +76,7 @@ class Service:
         self.engine = AsyncEngine(Engine(budget, device=device), batching=deploy.determinism == "batched")
         self.live: dict[str, str] = {}  # job id -> engine request id, while running
         self._tasks: set[asyncio.Task] = set()
+        self._watcher: asyncio.Task | None = None  # shared store only: see _watch
         self.draining = False  # shutting down: no new jobs
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -82,9 +85,14 @@ class Service:
         self.models = await asyncio.to_thread(self._load_models)
         self.sweep()
         await self.engine.start()
-        requeue = asyncio.create_task(self._requeue())
-        self._tasks.add(requeue)
-        requeue.add_done_callback(self._tasks.discard)
+        self._start_requeue()
+        if self.store.shared:
+            self._watcher = asyncio.create_task(self._watch())
+
+    @property
+    def queue_depth(self) -> int:
+        """Video jobs this server has accepted and not finished (queued or running)."""
+        return len(self.live)
 
     def sweep(self) -> None:
         """Apply the deployment's retention (expired jobs, then the disk cap)."""
@@ -101,6 +109,8 @@ class Service:
         the job tasks record it."""
         if not self.draining:
             await self.drain()
+        if self._watcher is not None:
+            self._watcher.cancel()
         await self.engine.stop()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=30)
@@ -172,9 +182,35 @@ class Service:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _start_requeue(self) -> None:
+        requeue = asyncio.create_task(self._requeue())
+        self._tasks.add(requeue)
+        requeue.add_done_callback(self._tasks.discard)
+
+    async def _watch(self) -> None:
+        """Shared store: cancel (at the next step boundary) the jobs running here that were deleted
+        through another replica, and now and then take over the jobs of replicas that stopped."""
+        last_recovery, cancelled = time.monotonic(), set[str]()
+        while True:
+            await asyncio.sleep(WATCH_S)
+            try:
+                cancelled &= set(self.live)
+                for job_id in set(self.store.missing(list(self.live))) - cancelled:
+                    rid = self.live.get(job_id)
+                    if rid is not None:
+                        self.engine.cancel(rid, "the video was deleted")
+                        cancelled.add(job_id)
+                if not self.draining and time.monotonic() - last_recovery >= RECOVER_S:
+                    last_recovery = time.monotonic()
+                    if self.store.recover():
+                        log.warning("failed the running jobs of a replica that stopped")
+                    self._start_requeue()
+            except Exception:  # a busy database: try again next round
+                log.exception("watching the shared job store failed")
+
     async def _requeue(self) -> None:
         """Run again the queued jobs a stopped server kept (the same request and seed)."""
-        for job_id, model, kept in self.store.queued():
+        for job_id, model, kept in self.store.claim_queued(list(self.models)):
             try:
                 served = self.model(model)
                 request = self._prepare(served, kept["raw"], kept["task"], kept["plugin_options"])
