@@ -1,0 +1,193 @@
+"""Two Ray Serve replicas of the tiny Wan model behind the real Serve HTTP proxy, on one shared data dir.
+
+One module-scoped local Ray cluster (``ray.init(num_cpus=2)``). "Either replica" is addressed by
+pinning: the deployment runs Ray's consistent-hash request router with strict affinity, so every
+request carrying one ``x-session-id`` lands on one replica; every answer names its replica in
+``x-fv-replica``, so the tests find a session id for each replica and then talk to each on purpose.
+Requests without a session id spread over both replicas.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray")
+from fv_ray_serve import QUEUE_DEPTH, applications, split_fleet  # noqa: E402
+from ray import serve  # noqa: E402
+from ray.serve.config import RequestRouterConfig  # noqa: E402
+
+from fv_core.serving.jobs import JobStore, new_job_id  # noqa: E402
+from tests.serving.support import TINY, free_port  # noqa: E402
+
+QUICK = {"size": "32x32", "num_frames": 5, "num_inference_steps": 2}
+LONG = {
+    "size": "160x160",
+    "num_frames": 41,
+    "num_inference_steps": 200,
+}  # ~9 s on one replica: cancellable mid-run
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    data = tmp_path_factory.mktemp("fleet-data")
+    mp = pytest.MonkeyPatch()  # replicas inherit the environment of the cluster ray.init starts
+    mp.setenv("FV_PLUGINS", "fv-wan")
+    mp.setenv("FV_CACHE_DIR", str(tmp_path_factory.mktemp("fv-cache")))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    deploy, scale = split_fleet(
+        {
+            "plugins": ["fv-wan"],
+            "models": [{"card": TINY}],
+            "data_dir": str(data),
+            "limits": {"max_frames": 41, "max_steps": 200, "max_queue": 64, "max_running": 4},
+            "shutdown_grace_s": 0,
+            "fleet": {"models": {TINY: {"replicas": 2, "ray_actor_options": {"num_cpus": 1}}}},
+        }
+    )
+    pin = RequestRouterConfig(
+        request_router_class="ray.serve.experimental.consistent_hash_router:ConsistentHashRouter",
+        request_router_kwargs={"num_fallback_replicas": 0},
+    )
+    [(name, app, prefix)] = applications(deploy, scale, options={"request_router_config": pin})
+    serve.run(app, name=name, route_prefix=prefix)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+        yield http, data, name
+    serve.shutdown()
+    ray.shutdown()
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def sessions(fleet):
+    """A session id pinned to each replica: {replica id: session id}."""
+    http, _, _ = fleet
+    found: dict[str, str] = {}
+    for i in range(200):
+        replica = http.get("/health", headers={"x-session-id": f"s{i}"}).headers["x-fv-replica"]
+        found.setdefault(replica, f"s{i}")
+        if len(found) == 2:
+            return found
+    raise AssertionError(f"only replicas {sorted(found)} answered")
+
+
+def _on(session: str) -> dict[str, str]:
+    return {"x-session-id": session}
+
+
+def _wait(http, job_id, headers, until, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        video = http.get(f"/v1/videos/{job_id}", headers=headers).json()
+        if until(video):
+            return video
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never got there: {video}")
+
+
+def test_two_replicas_serve_forty_jobs_from_eight_clients_with_none_lost(fleet):
+    http, _, _ = fleet
+    made: list[tuple[str, str]] = []  # (job id, replica that took it)
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        for j in range(5):
+            r = http.post("/v1/videos", json={"prompt": f"client {c} job {j}", "seed": c * 10 + j, **QUICK})
+            assert r.status_code == 200, r.text
+            with lock:
+                made.append((r.json()["id"], r.headers["x-fv-replica"]))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(client, range(8)))
+    assert len({job for job, _ in made}) == 40
+    assert len({replica for _, replica in made}) == 2  # both replicas took jobs
+    for job, _ in made:
+        done = _wait(http, job, {}, lambda v: v["status"] != "queued" and v["status"] != "in_progress")
+        assert done["status"] == "completed", done
+        mp4 = http.get(f"/v1/videos/{job}/content")
+        assert mp4.status_code == 200 and mp4.content[4:8] == b"ftyp" and len(mp4.content) > 1000
+    listed = http.get("/v1/videos", params={"limit": 100}).json()["data"]
+    assert {job for job, _ in made} <= {v["id"] for v in listed}
+
+
+def test_a_job_is_read_and_downloaded_through_the_other_replica(fleet, sessions):
+    http, _, _ = fleet
+    a, b = sessions
+    made = http.post("/v1/videos", json={"prompt": "made on a", **QUICK}, headers=_on(sessions[a]))
+    assert made.headers["x-fv-replica"] == a
+    done = _wait(http, made.json()["id"], _on(sessions[b]), lambda v: v["status"] == "completed")
+    assert done["id"] == made.json()["id"]
+    content = http.get(f"/v1/videos/{done['id']}/content", headers=_on(sessions[b]))
+    assert content.headers["x-fv-replica"] == b and content.content[4:8] == b"ftyp"
+
+
+def _cancelled_on(http, session: str) -> float:
+    metrics = http.get("/metrics", headers=_on(session)).text
+    line = [x for x in metrics.splitlines() if x.startswith("fv_jobs_total{") and 'status="cancelled"' in x]
+    return float(line[0].rsplit(" ", 1)[1]) if line else 0.0
+
+
+@pytest.mark.parametrize("order", ["a->b", "b->a"])
+def test_a_running_job_is_cancelled_through_the_other_replica(fleet, sessions, order):
+    http, _, _ = fleet
+    owner, other = sessions if order == "a->b" else reversed(list(sessions))
+    before = _cancelled_on(http, sessions[owner])
+    made = http.post("/v1/videos", json={"prompt": "cancel me", **LONG}, headers=_on(sessions[owner]))
+    assert made.status_code == 200, made.text
+    job_id = made.json()["id"]
+    seen = _wait(http, job_id, _on(sessions[other]), lambda v: v["status"] == "in_progress")
+    assert seen["progress"] < 50  # still running on its owner
+    gone = http.delete(f"/v1/videos/{job_id}", headers=_on(sessions[other]))
+    assert gone.status_code == 200 and gone.headers["x-fv-replica"] == other
+    assert http.get(f"/v1/videos/{job_id}", headers=_on(sessions[owner])).status_code == 404
+    deadline = time.monotonic() + 3  # the owner stops it at a step boundary, long before its 200 steps
+    while _cancelled_on(http, sessions[owner]) == before:
+        assert time.monotonic() < deadline, "the owner replica never cancelled the deleted job"
+        time.sleep(0.05)
+    assert http.get("/health", headers=_on(sessions[owner])).json()["running"] == 0
+
+
+def test_a_starting_replica_recovers_only_the_jobs_of_replicas_that_are_gone(fleet, sessions):
+    http, data, _ = fleet
+    a = next(iter(sessions))
+    live = http.post("/v1/videos", json={"prompt": "a live replica's job", **LONG}, headers=_on(sessions[a]))
+    live_id = live.json()["id"]
+    _wait(http, live_id, {}, lambda v: v["status"] == "in_progress")
+    dead = JobStore(data, owner="replica-that-died")  # a replica that ran a job, then stopped
+    dead_id = new_job_id()
+    dead.create(dead_id, TINY, "32x32", "auto", "left running")
+    dead.progress(dead_id, 30)
+    dead.close()
+
+    newcomer = JobStore(data, owner="replica-starting-now")  # what a new replica does on start
+    try:
+        assert newcomer.get(live_id).status == "in_progress"  # the live replica's job is untouched
+        failed = newcomer.get(dead_id)
+        assert failed.status == "failed" and failed.error.code == "server_restart"
+    finally:
+        newcomer.close()
+    done = http.delete(f"/v1/videos/{live_id}")
+    assert done.status_code == 200
+
+
+def test_each_replica_reports_its_queue_depth_to_the_autoscaler(fleet, sessions):
+    http, _, name = fleet
+    handle = serve.get_deployment_handle(name, app_name=name)
+    a = next(iter(sessions))
+    jobs = [
+        http.post("/v1/videos", json={"prompt": f"queued {i}", **LONG}, headers=_on(sessions[a])).json()["id"]
+        for i in range(3)
+    ]
+    try:
+        reports = [handle.record_autoscaling_stats.remote().result() for _ in range(12)]
+        depths = sorted({r[QUEUE_DEPTH] for r in reports})
+        assert depths[-1] == 3.0  # replica a holds the three jobs (and the handle reached it)
+    finally:
+        for job in jobs:
+            http.delete(f"/v1/videos/{job}")
