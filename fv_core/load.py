@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,6 +21,8 @@ from fv_core.deploy.check import check_deploy, deploy_plugin_options
 from fv_core.errors import ConfigError
 from fv_core.kernels_select import select_kernel
 from fv_core.model import LoadedModel, OptionsPolicy, unknown_model
+from fv_core.parallel.group import WorkerSpec, start_group
+from fv_core.parallel.plan import ParallelPlan
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost, dist_version, load_plugins
 from fv_core.registry import resolve_lazy
 from fv_core.weights import bind_card, family, model_index
@@ -36,6 +39,7 @@ def load(
     deploy: str | Path | DeploymentCard | None = None,
     device: str = "cpu",
     host: PluginHost | None = None,
+    parallel: str | ParallelPlan | None = None,
 ) -> LoadedModel:
     """Load ``model`` (a card id, a deploy's served name, or a diffusers-format folder) on ``weights``.
 
@@ -44,6 +48,8 @@ def load(
     :param deploy: a deploy file or object whose entry for ``model`` sets kernels, interceptors,
         plugin options and limits.
     :param host: loaded plugins (default: every installed plugin under the loading policy).
+    :param parallel: a parallel plan (``"sp=2,cfg=2"``; default: the deploy entry's): validated against
+        the card and the machine, then its worker processes start (``LoadedModel.close`` stops them).
     """
     host = host if host is not None else load_plugins()
     plan = deploy if isinstance(deploy, DeploymentCard) or deploy is None else load_deploy(deploy)
@@ -60,6 +66,12 @@ def load(
     names = entry.interceptors if entry is not None else []
     instance = resolve_lazy(card.instance_factory)(card, folder, device, kernels=kernels)
     cards, interceptors = host.registries.cards, host.registries.interceptors
+    if not isinstance(parallel, ParallelPlan):
+        parallel = ParallelPlan.parse(parallel if parallel is not None else entry.parallel if entry else None)
+    group = None
+    if not parallel.is_single:
+        spec = _worker_spec(host, plan, entry, model, folder, device)
+        group = start_group(parallel, card, instance, spec, device)
     return LoadedModel(
         card=card,
         instance=instance,
@@ -78,7 +90,31 @@ def load(
         ),
         versions=_versions(host),
         deploy_plugins=list(plan.plugins) if plan is not None else _plugins_used(host, card, kernels),
+        parallel=group,
     )
+
+
+def _worker_spec(
+    host: PluginHost,
+    plan: DeploymentCard | None,
+    entry: ModelDeploy | None,
+    model: str | Path | None,
+    weights: str | Path | None,
+    device: str,
+) -> WorkerSpec:
+    """How a worker loads this same model alone: this load's arguments without the plan."""
+    deploy = None
+    if plan is not None and entry is not None:
+        deploy = plan.model_dump(mode="json")
+        deploy["models"] = [entry.model_copy(update={"parallel": None}).model_dump(mode="json")]
+    modules = {name: host.pm.get_plugin(name) for name, info in host.infos.items() if not info.error}
+    plugins = tuple(
+        (name, module.__name__)
+        for name, module in modules.items()
+        if name != BUILTIN_PLUGIN and isinstance(module, ModuleType)
+    )
+    name = entry.served_name if entry is not None else (str(model) if model is not None else None)
+    return WorkerSpec(name, str(weights) if weights is not None else None, deploy, device, plugins)
 
 
 def _entry(plan: DeploymentCard, model: str | Path | None) -> ModelDeploy:

@@ -91,6 +91,12 @@ class LoadedModel:
     options: OptionsPolicy = field(default_factory=OptionsPolicy)  # request plugin-option policy
     versions: dict[str, str | None] = field(default_factory=dict)  # distribution -> version (provenance)
     deploy_plugins: list[str] = field(default_factory=list)  # plugins a replay must enable
+    parallel: Any = None  # the ParallelGroup its steps run on (None: this process alone)
+
+    def close(self) -> None:
+        """Stop the parallel group's workers, if any (a model without one has nothing to stop)."""
+        if self.parallel is not None:
+            self.parallel.close()
 
     # -- programs -------------------------------------------------------------------------------
 
@@ -320,6 +326,7 @@ class LoadedModel:
                 "plugins": self.deploy_plugins,
                 "kernels": {op: r["variant"] for op, r in self.kernels.items()},
                 "limits": self.limits.model_dump() if self.limits is not None else None,
+                "parallel": self.parallel.plan.id if self.parallel is not None else "single",
             },
             "metrics": result.metrics,
             "seconds": round(seconds, 4),

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fv_core.errors import ConfigError, explain
 
@@ -43,6 +43,14 @@ class ModelDeploy(Strict):
     weights: str | None = None  # checkpoint folder; default: the card's embedded weights
     kernels: dict[str, str] = Field(default_factory=dict)  # op -> variant, e.g. {"attention": "sta"}
     interceptors: list[str] = Field(default_factory=list)  # enabled interceptor names
+    parallel: str | None = None  # parallel plan, e.g. "sp=2,cfg=2" (None: one process)
+
+    @field_validator("parallel")
+    @classmethod
+    def _plan(cls, value: str | None) -> str | None:
+        from fv_core.parallel.plan import ParallelPlan
+
+        return ParallelPlan.parse(value).id if value is not None else None
 
     @property
     def served_name(self) -> str:

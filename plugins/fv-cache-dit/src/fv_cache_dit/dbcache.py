@@ -28,11 +28,13 @@ from fv_cache_dit.stats import summarize
 from fv_cache_dit.taylorseer import taylor_forecast, taylor_update
 from fv_core import ConfigError, LoopResult, LoopState, explain
 from fv_core.extend import BLOCK_SKIP, BlockFn
+from fv_core.parallel import global_mean
 
 
 def rel_l1(prev: torch.Tensor, curr: torch.Tensor) -> float:
-    """``mean|prev - curr| / mean|prev|``: the package's residual difference."""
-    return ((prev - curr).abs().mean() / prev.abs().mean()).item()
+    """``mean|prev - curr| / mean|prev|``: the package's residual difference (over the whole forward
+    when a parallel group holds it in pieces, so every rank makes the same decision)."""
+    return (global_mean((prev - curr).abs()) / global_mean(prev.abs())).item()
 
 
 def may_cache(opts: CacheDiTOptions, cache: dict[str, Any], step: int, streak: int) -> bool:

@@ -9,7 +9,7 @@ def summarize(interceptor: str, plugin_state: dict[str, Any]) -> dict[str, Any]:
     """``result.metrics["cache_dit"]`` from a request's ``plugin_state["fv-cache-dit"]``."""
     branches = {}
     for branch, cache in plugin_state.items():
-        if branch == "options":
+        if branch == "options" or "#" in branch:  # "#sp1", "#cfg1": other ranks' pieces of one forward
             continue
         cached = list(cache.get("cached_steps", []))
         calls = cache.get("step", -1) + 1

@@ -2,7 +2,9 @@
 
 :func:`install` puts :class:`KernelSelfAttention` on every block's ``attn1``:
 the projections, q/k norms and rope of diffusers' ``WanAttnProcessor``, then the
-selected kernel on ``[B, heads, tokens, head_dim]``. Kernels that work on the
+selected kernel on ``[B, heads, tokens, head_dim]``. Under sequence parallelism each
+rank projects its own tokens and the kernel runs on all tokens of its share of the
+heads (Ulysses all-to-all before and after). Kernels that work on the
 token grid (STA) take ``grid=(frames, height, width)`` of the patched latents
 and the card id; ``fv_wan.transformer`` states the grid around each block with
 :func:`token_grid`. Text cross-attention (``attn2``) is left as it is.
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from fv_core import ConfigError
+from fv_core.parallel import heads_to_seq, seq_to_heads, sequence_parallel
 
 Grid = tuple[int, int, int]
 
@@ -77,9 +80,17 @@ class KernelSelfAttention:
         if rotary_emb is not None:
             query, key = rope(query, *rotary_emb), rope(key, *rotary_emb)
         extra = {"grid": self._grid(), "card": self.card} if self.spatial else {}
+        tokens = query.shape[1]
+        if sequence_parallel() is not None:  # Ulysses: all tokens, this rank's heads, around the kernel
+            tokens = self._tokens()
+            query, key, value = (seq_to_heads(t, tokens) for t in (query, key, value))
         out = self.kernel(*(t.transpose(1, 2) for t in (query, key, value)), **extra)
-        out = out.transpose(1, 2).flatten(2, 3).type_as(query)
+        out = heads_to_seq(out.transpose(1, 2), tokens).flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
+
+    def _tokens(self) -> int:
+        frames, height, width = self._grid()
+        return frames * height * width
 
     def _grid(self) -> Grid:
         grid = TOKEN_GRID.get()

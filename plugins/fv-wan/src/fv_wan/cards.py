@@ -12,6 +12,7 @@ from fv_core import (
     LoopKind,
     LoopSpec,
     ModelCard,
+    ParallelismContract,
     ParitySpec,
     PrecisionContract,
     ProgramSpec,
@@ -226,6 +227,8 @@ def wan_card(
             ),
         },
         precision=PrecisionContract(supported=["float32", "bfloat16"], default="float32"),
+        # Ulysses over up to 8 ranks (the heads must divide), the two CFG branches on two ranks
+        parallelism=ParallelismContract(axes={"dp": 1, "sp": 8, "cfgp": 2}),
         default_weights=default_weights,
         instance_factory="fv_wan.model:WanModel",
     )

@@ -37,6 +37,7 @@ from fv_core.extend import BLOCKS_INPUT
 from fv_core.request import ImagePart
 from fv_wan import conditioning
 from fv_wan.model import WanModel
+from fv_wan.parallel import parallel_denoise_body
 from fv_wan.params import WanParams
 from fv_wan.samplers import Schedule, make_sampler
 from fv_wan.transformer import image_kv, text_kv, wan_forward_kv
@@ -383,6 +384,7 @@ class WanLoop:
                 "latents": torch.cat([latents, latents]),
                 "timestep": torch.cat([timestep, timestep]),
                 "kv": kv,
+                "batched_cfg": True,  # rows [cond, uncond]: a cfg-parallel group splits them
             }
             if img_kv is not None:
                 inputs["img_kv"] = img_kv
@@ -403,12 +405,21 @@ class WanLoop:
             tuple(timestep.shape[1:]),
             str(timestep.dtype),
         )
+        group = inst.parallel
+        body = partial(denoise_body, inst.component(expert))
+        if group is not None:
+            body = partial(parallel_denoise_body, group, expert)
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(denoise_body, inst.component(expert)),
+            body=body,
             inputs=inputs,
             batch_key=BatchKey(
-                f"{inst.instance_id}/{expert}", "diffusion_denoise", shape_sig, precision, graph_key=mode
+                f"{inst.instance_id}/{expert}",
+                "diffusion_denoise",
+                shape_sig,
+                precision,
+                parallel_plan=group.plan.id if group is not None else "single",
+                graph_key=mode,
             ),
             batch_size=inputs["latents"].shape[0],
             cost_s=self._cost(inst, state, latents),

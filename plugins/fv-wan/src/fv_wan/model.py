@@ -54,6 +54,7 @@ class WanModel:
             for name, spec in card.components.items()
             if spec.kind in ("dit", "vae", "text_encoder", "image_encoder")
         }
+        self.parallel: Any = None  # the ParallelGroup its denoise steps run on (fv_core.load sets it)
         self._components: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
@@ -95,6 +96,16 @@ class WanModel:
         """Bytes of the resident components' parameters and buffers (read by admission)."""
         modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
         return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+
+    def parallel_shape(self) -> dict[str, int]:
+        """What a parallel plan is checked against: attention heads (Ulysses shards them) and the
+        guidance branches of a step."""
+        config = json.loads((self.weights / "transformer" / "config.json").read_text())
+        if self.kernels is None:
+            raise ConfigError(
+                "parallel Wan runs self-attention through fv's kernels. Fix: load it with fv_core.load(...)."
+            )
+        return {"heads": int(config["num_attention_heads"]), "branches": 2}
 
     @property
     def num_blocks(self) -> int:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from fv_core.extend import BlockHook, drive_blocks
+from fv_core.parallel import gather, shard
 from fv_wan.attention import token_grid
 
 # around_block(index, hidden, run) -> hidden; ``run(hidden)`` computes block ``index`` for real.
@@ -150,16 +151,32 @@ def run_blocks(
     return drive_blocks(hook, branch, prep.hidden, len(model.blocks), block)
 
 
+def shard_tokens(prep: Prepared) -> Prepared:
+    """This rank's tokens of everything per token (patches, rope on their global positions, per-token
+    timestep modulation) under sequence parallelism; ``prep`` itself otherwise."""
+    per_token = prep.modulation.ndim == 4
+    return Prepared(
+        shard(prep.hidden, 1),
+        prep.kv,
+        shard(prep.modulation, 1) if per_token else prep.modulation,
+        shard(prep.temb, 1) if per_token else prep.temb,
+        (shard(prep.rotary[0], 1), shard(prep.rotary[1], 1)),
+        prep.grid,
+        prep.image_kv,
+    )
+
+
 def finish(model, prep: Prepared, hidden: torch.Tensor) -> torch.Tensor:
-    """Output norm with timestep shift/scale, projection and unpatchify."""
+    """Output norm with timestep shift/scale and projection (on this rank's tokens), then the whole
+    sequence and unpatchify."""
     table, temb = model.scale_shift_table, prep.temb.unsqueeze(-2)  # [1, 2, dim]; [B(, tokens), 1, dim]
     if temb.ndim == 4:  # per token
         shift, scale = (c.squeeze(2) for c in (table.unsqueeze(0) + temb).chunk(2, dim=2))
     else:
         shift, scale = (table + temb).chunk(2, dim=1)
     hidden = (model.norm_out(hidden.float()) * (1 + scale) + shift).type_as(hidden)
-    hidden = model.proj_out(hidden)
     frames, height, width = prep.grid
+    hidden = gather(model.proj_out(hidden), 1, frames * height * width)
     p_t, p_h, p_w = model.config.patch_size
     hidden = hidden.reshape(hidden.shape[0], frames, height, width, p_t, p_h, p_w, -1)
     return hidden.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)
@@ -177,7 +194,7 @@ def wan_forward_kv(
 ) -> torch.Tensor:
     """Flow velocity for ``latents`` [B, C, F, H, W] at ``timestep`` [B] (or [B, tokens]) given ``text_kv``
     output (and ``image_kv`` output for I2V models)."""
-    prep = prepare(model, latents, timestep, kv, img_kv)
+    prep = shard_tokens(prepare(model, latents, timestep, kv, img_kv))
     return finish(model, prep, run_blocks(model, prep, around_block, hook, branch))
 
 
