@@ -106,9 +106,6 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from fv_core.artifacts import SUFFIXES, AudioArtifact
     from fv_core.deploy import load_deploy
     from fv_core.load import load
     from fv_core.replay import replay_plan, with_kernels
@@ -129,7 +126,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     if args.attention:
         deploy = with_kernels(host, deploy, name, weights, {"attention": args.attention})
-    model = load(name, weights, deploy=deploy, host=host)
+    model = load(name, weights, deploy=deploy, host=host, parallel=args.parallel)
+    try:
+        return _generate(args, model, raw, task, options)
+    finally:
+        model.close()
+
+
+def _generate(args: argparse.Namespace, model: Any, raw: dict, task: str | None, options: Any) -> int:
+    from tqdm import tqdm
+
+    from fv_core.artifacts import SUFFIXES, AudioArtifact
+
     parts = [image_part(args.image)] if args.image else []
     if parts and task is None:  # an image picks the model's first task that takes one
         task = model.image_task()
@@ -235,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention",
         metavar="VARIANT",
         help="attention kernel variant, e.g. sta (default: the card's; see `fv cards`)",
+    )
+    gen.add_argument(
+        "--parallel",
+        metavar="PLAN",
+        help="run on a group of processes, e.g. sp=2,cfg=2 (sequence-parallel x CFG-parallel; "
+        "default: the deploy entry's, else one process)",
     )
     gen.add_argument("-o", "--output", help="output file (default: out.mp4, out.png, ... by the task)")
     gen.add_argument(

@@ -139,6 +139,8 @@ def worker_main(rank: int, plan: ParallelPlan, spec: WorkerSpec, port: int, thre
     """A worker rank: load the model, then run steps until rank 0 says stop (or goes away)."""
     torch.set_num_threads(threads)
     backend = "nccl" if spec.device.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     dist.init_process_group(
         backend,
         init_method=f"tcp://127.0.0.1:{port}",

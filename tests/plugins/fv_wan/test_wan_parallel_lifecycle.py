@@ -1,0 +1,71 @@
+"""Parallel groups start, fail, restart and stop: a wrong plan fails before any process starts, a dead
+worker fails its step with the rank and exit code and the group restarts for the next, close stops every
+worker; and the trained shapes card equals one process under every plan."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from parallel_support import PLANS, SHAPES, TINY, assert_close, deploy, plugin_host, run
+
+from fv_core import ConfigError
+from fv_core.load import load
+from fv_core.parallel import WorkerFailed
+
+
+@pytest.fixture(scope="module")
+def host():
+    return plugin_host()
+
+
+def test_shapes_card_matches_one_process(host):
+    reference = run(load("wan2.1-t2v-shapes", deploy=deploy("wan2.1-t2v-shapes"), host=host), SHAPES)
+    for plan in PLANS:
+        model = load("wan2.1-t2v-shapes", deploy=deploy("wan2.1-t2v-shapes"), host=host, parallel=plan)
+        try:
+            assert_close(reference, run(model, SHAPES))
+        finally:
+            model.close()
+
+
+def test_dead_worker_fails_its_step_then_the_group_restarts(host):
+    """Killing a rank mid-job fails that job with the rank and its exit code; the next job succeeds."""
+    reference = run(load("wan2.1-t2v-tiny", deploy=deploy("wan2.1-t2v-tiny"), host=host), TINY)
+    model = load("wan2.1-t2v-tiny", deploy=deploy("wan2.1-t2v-tiny"), host=host, parallel="cfg=2")
+    try:
+        victim = model.parallel.alive_workers()[0]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(WorkerFailed, match=r"lost a worker during denoise.*rank 1 \(exit code -9\)"):
+            run(model, TINY)
+        assert_close(reference, run(model, TINY))
+        assert model.parallel.restarts == 1 and victim not in model.parallel.alive_workers()
+    finally:
+        model.close()
+
+
+def test_close_stops_every_worker(host):
+    model = load("wan2.1-t2v-tiny", host=host, parallel="sp=2")
+    workers = list(model.parallel._procs)
+    model.close()
+    assert [p.poll() for p in workers] == [0], "the worker exited cleanly on shutdown"
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        ("sp=4", "sequence degree 4 does not divide the 2 attention heads"),
+        ("cfg=3", "cfg degree 3 exceeds the card's maximum 2"),
+        ("sp=16", "sequence degree 16 exceeds the card's maximum 8"),
+        ("tp=2", "tensor parallelism is not implemented"),
+        ("sp=2,cfg=2,dp=2", "data degree 2 exceeds the card's maximum 1"),
+        ("sp=two", "'sp=two' is not AXIS=DEGREE"),
+    ],
+)
+def test_wrong_plan_fails_before_any_process_starts(host, plan, message):
+    with pytest.raises(ConfigError, match=message):
+        load("wan2.1-t2v-tiny", host=host, parallel=plan)
+    assert not torch.distributed.is_initialized()
