@@ -33,6 +33,7 @@ from fv_core.errors import ConfigError, FvError
 from fv_core.loop.seam import BLOCKS_INPUT, BlockHook
 from fv_core.parallel.comm import TRAFFIC, Rank, running_as
 from fv_core.parallel.plan import ParallelPlan, plan_problems
+from fv_core.parallel.resident import ResidentSender, ResidentStore, Store
 from fv_core.registry import resolve_lazy
 
 TIMEOUT_S = float(os.environ.get("FV_PARALLEL_TIMEOUT_S", "120"))  # a collective waits this long for a rank
@@ -70,8 +71,9 @@ class WorkerSpec:
 class Step:
     fn: str  # "module:attr" of the step function
     component: str  # the instance component it runs on
-    inputs: dict[str, Any]  # without the block hook
+    inputs: dict[str, Any]  # without the block hook; resident ones as Store / Resident
     hook: BlockHook | None  # the request's block interceptor and its caches, when one is on
+    evict: list[int] = field(default_factory=list)  # resident tensors rank 0 freed
 
 
 @dataclass(slots=True)
@@ -125,6 +127,29 @@ def _rebound(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
     }
 
 
+def tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in ``value`` (a Step, a Reply, or nested dicts / lists of tensors)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Store):
+        return tensor_bytes(value.tensor)
+    if isinstance(value, Step | Reply):
+        fields = (
+            (value.inputs, value.hook.caches if value.hook else {})
+            if isinstance(value, Step)
+            else (
+                value.outputs,
+                value.caches,
+            )
+        )
+        return sum(tensor_bytes(f) for f in fields)
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
 def _to(value: Any, device: torch.device | str) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -150,7 +175,7 @@ def worker_main(rank: int, plan: ParallelPlan, spec: WorkerSpec, port: int, thre
     )
     me = make_rank(rank, plan)
     model = spec.load(rank)
-    device = model.instance.device
+    device, resident = model.instance.device, ResidentStore()
     try:
         while True:
             box: list[Any] = [None]
@@ -158,8 +183,8 @@ def worker_main(rank: int, plan: ParallelPlan, spec: WorkerSpec, port: int, thre
             step = box[0]
             if step is None:
                 break
-            step.inputs = _to(step.inputs, device)
             try:
+                step.inputs = _to(resident.decode(step.inputs, step.evict, device), device)
                 reply = execute(model.instance, me, step)
                 reply.outputs = _to(reply.outputs, "cpu")
                 reply.caches = _to(reply.caches, "cpu")
@@ -197,6 +222,7 @@ class ParallelGroup:
         self.worker_bytes = 0  # bytes the workers sent, summed over steps
         self._procs: list[Any] = []
         self._broken: str | None = None
+        self._resident = ResidentSender()
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -209,6 +235,8 @@ class ParallelGroup:
         threads = max(1, (os.cpu_count() or 1) // self.plan.world_size)
         self._procs = [_spawn(r, self.plan, self.spec, port, threads) for r in range(1, self.plan.world_size)]
         backend = "nccl" if self.spec.device.startswith("cuda") else "gloo"
+        if backend == "gloo":  # the ranks share the cores: rank 0 takes its share like the others
+            torch.set_num_threads(threads)
         dist.init_process_group(
             backend,
             init_method=f"tcp://127.0.0.1:{port}",
@@ -217,10 +245,15 @@ class ParallelGroup:
             timeout=datetime.timedelta(seconds=TIMEOUT_S),
         )
         self.rank = make_rank(0, self.plan)
+        self._resident = ResidentSender()  # fresh workers hold nothing
         self._broken = None
 
-    def run(self, fn: str, component: str, inputs: dict[str, Any], label: str = "") -> list[Reply]:
-        """Run one step on every rank; the replies in rank order (rank 0's hook caches already merged)."""
+    def run(
+        self, fn: str, component: str, inputs: dict[str, Any], label: str = "", resident: tuple[str, ...] = ()
+    ) -> list[Reply]:
+        """Run one step on every rank; the replies in rank order (rank 0's hook caches already merged).
+
+        :param resident: inputs that stay the same over a request's steps: sent to the workers once."""
         with self._lock:
             if self.rank is None or self._broken is not None:
                 if self._broken is not None:
@@ -230,9 +263,12 @@ class ParallelGroup:
             self._check_alive(label)
             hook = inputs.get(BLOCKS_INPUT)
             common = {k: v for k, v in inputs.items() if k != BLOCKS_INPUT}
-            step = Step(fn, component, _to(common, "cpu"), hook if isinstance(hook, BlockHook) else None)
+            sent = _to(self._resident.encode(common, resident), "cpu")
+            step = Step(fn, component, sent, hook if isinstance(hook, BlockHook) else None)
+            step.evict = self._resident.evictions()
             try:
                 dist.broadcast_object_list([step], src=0)
+                TRAFFIC.add("broadcast", tensor_bytes(step) * (self.plan.world_size - 1))
                 step.inputs = common
                 own = execute(self.instance, self._rank(), step)
                 replies: list[Any] = [None] * self.plan.world_size
@@ -244,7 +280,7 @@ class ParallelGroup:
         if errors:
             raise WorkerFailed(f"parallel step {label!r} failed on " + "; ".join(errors))
         for reply in replies[1:]:
-            self.worker_bytes += reply.traffic
+            self.worker_bytes += reply.traffic + tensor_bytes(reply)  # its collectives, then its reply
             if step.hook is not None:
                 step.hook.caches.update(_to(reply.caches, self.instance.device))
         return [replies[0], *(_reply_on(r, self.instance.device) for r in replies[1:])]

@@ -65,3 +65,15 @@ def test_interleave_gate_inside_group(group):
 def test_provenance_names_the_plan(group):
     artifact = group.generate(**{**TINY, "num_inference_steps": 2})
     assert artifact.provenance["deploy"]["parallel"] == group.parallel.plan.id
+
+
+def test_text_keys_values_cross_to_workers_once(group):
+    """A request's text K/V (2 prompt rows x 2 blocks x 2 x 512 tokens x 32 x fp32) reach each worker once,
+    not at each of its 5 steps."""
+    from fv_core.parallel import TRAFFIC
+
+    kv_bytes, workers = 2 * 2 * 2 * 512 * 32 * 4, group.parallel.plan.world_size - 1
+    before = TRAFFIC.bytes.get("broadcast", 0)
+    run(group, {**TINY, "prompt": "a prompt no other test used"})
+    sent = TRAFFIC.bytes["broadcast"] - before
+    assert kv_bytes * workers <= sent < 2 * kv_bytes * workers

@@ -19,6 +19,7 @@ from fv_core.parallel import ParallelGroup, current, running_as
 from fv_wan.transformer import wan_forward_kv
 
 STEP_FN = "fv_wan.parallel:denoise_shard"
+RESIDENT = ("kv", "neg_kv", "img_kv")  # a request's text / image keys and values: the same every step
 
 # one forward: (output name, branch, kv input, rows of the batch: None = all, else (start, step))
 Forward = tuple[str, str, str, tuple[int, int] | None]
@@ -61,7 +62,7 @@ def denoise_shard(transformer, inputs: dict[str, Any]) -> dict[str, Any] | None:
 
 def parallel_denoise_body(group: ParallelGroup, expert: str, inputs: dict[str, Any]) -> dict[str, Any]:
     """Rank 0's body of a denoise step: run it on the group, then the outputs ``denoise_body`` gives."""
-    replies = group.run(STEP_FN, expert, inputs, label="denoise")
+    replies = group.run(STEP_FN, expert, inputs, label="denoise", resident=RESIDENT)
     parts: dict[str, torch.Tensor] = {}
     for reply in replies:
         parts.update(reply.outputs or {})
