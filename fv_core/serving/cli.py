@@ -1,4 +1,4 @@
-"""``fv serve DEPLOY_FILE``: the HTTP server on uvicorn."""
+"""``fv serve DEPLOY_FILE``: the HTTP server on uvicorn; ``fv serve --ray DEPLOY_FILE``: a Ray Serve fleet."""
 
 from __future__ import annotations
 
@@ -9,6 +9,17 @@ import os
 def cmd_serve(args: argparse.Namespace) -> int:
     from fv_core.errors import ConfigError
 
+    if args.ray:
+        try:
+            from fv_ray_serve import run_fleet
+        except ImportError as exc:
+            raise ConfigError(
+                f"fv serve --ray needs the fv-ray-serve package ({exc}). Fix: pip install fv-ray-serve "
+                "(from this repository: pip install -e plugins/fv-ray-serve)"
+            ) from None
+        return run_fleet(
+            args.deploy_file, args.host, args.port, args.data_dir, args.api_key, args.device, args.ray_address
+        )
     try:
         from fv_core.serving.server import DrainingServer
     except ImportError:
@@ -34,6 +45,15 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``serve`` to the ``fv`` command's subparsers."""
     serve = subparsers.add_parser("serve", help="serve a deploy file over an OpenAI-compatible HTTP API")
     serve.add_argument("deploy_file", metavar="DEPLOY_FILE")
+    serve.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve a fleet on Ray Serve: replicas per model from the deploy file's fleet: section "
+        "(needs fv-ray-serve)",
+    )
+    serve.add_argument(
+        "--ray-address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else a local one)"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument(
