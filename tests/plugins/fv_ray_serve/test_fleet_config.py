@@ -75,3 +75,14 @@ def test_fv_serve_takes_ray_and_a_cluster_address():
     args = parser.parse_args(["serve", "--ray", "d.yaml", "--ray-address", "auto"])
     assert (args.ray, args.ray_address, args.deploy_file) == (True, "auto", "d.yaml")
     assert parser.parse_args(["serve", "d.yaml"]).ray is False
+
+
+def test_serve_run_builds_one_models_application_from_a_deploy_file(tmp_path):
+    import yaml
+    from fv_ray_serve import app_builder
+
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "fleet": {"models": {"b": {"replicas": 3}}}}))
+    assert app_builder({"deploy": str(path), "model": "b"})._bound_deployment.num_replicas == 3
+    with pytest.raises(ValueError, match="Fix: pass model=NAME"):
+        app_builder({"deploy": str(path)})  # two models: serve run needs one
