@@ -23,6 +23,8 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,6 +225,7 @@ class ParallelGroup:
         self._procs: list[Any] = []
         self._broken: str | None = None
         self._resident = ResidentSender()
+        self._threads = 1  # torch threads of each rank on CPU (set at start)
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -232,11 +235,9 @@ class ParallelGroup:
                 "Fix: serve the other parallel model from its own `fv serve`."
             )
         port = free_port()
-        threads = max(1, (os.cpu_count() or 1) // self.plan.world_size)
+        threads = self._threads = max(1, (os.cpu_count() or 1) // self.plan.world_size)
         self._procs = [_spawn(r, self.plan, self.spec, port, threads) for r in range(1, self.plan.world_size)]
         backend = "nccl" if self.spec.device.startswith("cuda") else "gloo"
-        if backend == "gloo":  # the ranks share the cores: rank 0 takes its share like the others
-            torch.set_num_threads(threads)
         dist.init_process_group(
             backend,
             init_method=f"tcp://127.0.0.1:{port}",
@@ -270,7 +271,8 @@ class ParallelGroup:
                 dist.broadcast_object_list([step], src=0)
                 TRAFFIC.add("broadcast", tensor_bytes(step) * (self.plan.world_size - 1))
                 step.inputs = common
-                own = execute(self.instance, self._rank(), step)
+                with self._cpu_share():
+                    own = execute(self.instance, self._rank(), step)
                 replies: list[Any] = [None] * self.plan.world_size
                 dist.gather_object(own, replies, dst=0)
             except RuntimeError as exc:  # a rank died or timed out mid-collective
@@ -284,6 +286,20 @@ class ParallelGroup:
             if step.hook is not None:
                 step.hook.caches.update(_to(reply.caches, self.instance.device))
         return [replies[0], *(_reply_on(r, self.instance.device) for r in replies[1:])]
+
+    @contextmanager
+    def _cpu_share(self) -> Iterator[None]:
+        """On CPU the ranks share the cores: rank 0 takes its share for a step like the workers, and all of
+        them again for its own work (text encoding, VAE decode) between steps."""
+        if self.instance.device.type != "cpu":
+            yield
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(self._threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def _rank(self) -> Rank:
         assert self.rank is not None, "started above"

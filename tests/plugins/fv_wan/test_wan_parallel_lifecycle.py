@@ -11,9 +11,11 @@ import pytest
 import torch
 from parallel_support import PLANS, SHAPES, TINY, assert_close, deploy, plugin_host, run
 
-from fv_core import ConfigError
+from fv_core import Cancelled, ConfigError
+from fv_core.deploy.card import parse_deploy
 from fv_core.load import load
 from fv_core.parallel import WorkerFailed
+from fv_core.runtime import Engine
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +31,40 @@ def test_shapes_card_matches_one_process(host):
             assert_close(reference, run(model, SHAPES))
         finally:
             model.close()
+
+
+def test_sta_runs_on_each_rank_of_a_sequence_parallel_group(host):
+    """The kernel registry still applies: STA sees all tokens (its grid) and this rank's heads."""
+    sta = parse_deploy(
+        {
+            "plugins": ["fv-wan", "fv-sta"],
+            "models": [{"card": "wan2.1-t2v-tiny", "kernels": {"attention": "sta"}}],
+            "plugin_options": {"fv-sta": {"windows": [{"tile": [1, 2, 2], "window": [1, 1, 1]}]}},
+        }
+    )
+    reference = run(load("wan2.1-t2v-tiny", deploy=sta, host=host), TINY)
+    model = load("wan2.1-t2v-tiny", deploy=sta, host=host, parallel="sp=2")
+    try:
+        result = run(model, TINY)
+        assert_close(reference, result)
+        assert result.metrics["kernels"]["attention"]["variant"] == "sta"
+    finally:
+        model.close()
+
+
+def test_cancel_stops_at_a_step_boundary_and_the_group_serves_on(host):
+    """Workers hold no request state: a request cancelled mid-run leaves nothing behind on any rank."""
+    reference = run(load("wan2.1-t2v-tiny", deploy=deploy("wan2.1-t2v-tiny"), host=host), TINY)
+    model = load("wan2.1-t2v-tiny", deploy=deploy("wan2.1-t2v-tiny"), host=host, parallel="sp=2,cfg=2")
+    try:
+        engine = Engine(
+            on_event=lambda e: e.kind == "progress" and e.step == 2 and engine.cancel(e.request_id)
+        )
+        with pytest.raises(Cancelled):
+            engine.run_one(*model.job(model.prepare(TINY)))
+        assert_close(reference, run(model, TINY))
+    finally:
+        model.close()
 
 
 def test_dead_worker_fails_its_step_then_the_group_restarts(host):
