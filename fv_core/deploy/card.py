@@ -71,6 +71,8 @@ class DeploymentCard(Strict):
     # to a solo run only within the card's batched tolerance)
     determinism: Literal["bitwise", "batched"] = "batched"  # bitwise costs 29.5% throughput (serve_load)
     shutdown_grace_s: float = Field(30, ge=0)  # on shutdown, jobs get this long to finish before cancelling
+    # replicas per model for `fv serve --ray` (validated by fv-ray-serve; one server ignores it)
+    fleet: dict[str, Any] | None = None
 
     def model(self, name: str) -> ModelDeploy:
         for m in self.models:

@@ -114,6 +114,8 @@ class Service:
         await self.engine.stop()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=30)
+        for served in self.models.values():
+            served.loaded.close()  # a parallel model's worker processes exit
 
     def _load_models(self) -> dict[str, ServedModel]:
         """Every deployed model, loaded as ``fv_core.load(name, deploy=...)`` loads it."""

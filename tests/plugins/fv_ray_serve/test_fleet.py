@@ -17,11 +17,11 @@ import httpx
 import pytest
 
 ray = pytest.importorskip("ray")
-from fv_ray_serve import QUEUE_DEPTH, applications, split_fleet  # noqa: E402
 from ray import serve  # noqa: E402
 from ray.serve.config import RequestRouterConfig  # noqa: E402
 
 from fv_core.serving.jobs import JobStore, new_job_id  # noqa: E402
+from fv_ray_serve import QUEUE_DEPTH, applications, split_fleet  # noqa: E402
 from tests.serving.support import TINY, free_port  # noqa: E402
 
 QUICK = {"size": "32x32", "num_frames": 5, "num_inference_steps": 2}

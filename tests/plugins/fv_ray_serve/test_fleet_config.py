@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("ray")
-from fv_ray_serve import QUEUE_DEPTH, QueueDepthPolicy, applications, split_fleet  # noqa: E402
 from ray.serve.config import AutoscalingContext  # noqa: E402
 
 from fv_core import ConfigError  # noqa: E402
+from fv_ray_serve import QUEUE_DEPTH, QueueDepthPolicy, applications, split_fleet  # noqa: E402
 
 BASE = {
     "plugins": ["fv-wan"],
@@ -79,6 +79,7 @@ def test_fv_serve_takes_ray_and_a_cluster_address():
 
 def test_serve_run_builds_one_models_application_from_a_deploy_file(tmp_path):
     import yaml
+
     from fv_ray_serve import app_builder
 
     path = tmp_path / "deploy.yaml"
