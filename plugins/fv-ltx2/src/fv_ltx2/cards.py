@@ -10,6 +10,7 @@ from fv_core import (
     LoopKind,
     LoopSpec,
     ModelCard,
+    ParallelismContract,
     ParitySpec,
     PrecisionContract,
     ProgramSpec,
@@ -195,6 +196,8 @@ def ltx2_card(
             )
         },
         precision=PrecisionContract(supported=["float32", "bfloat16"], default="float32"),
+        # Ulysses over up to 8 ranks (LTX-2's 32 video and 32 audio heads), the cfg call's rows over 2
+        parallelism=ParallelismContract(axes={"dp": 1, "sp": 8, "cfgp": 2}),
         pipeline="LTX2Pipeline",
         default_weights=default_weights,
         instance_factory="fv_ltx2.model:LTX2Model",

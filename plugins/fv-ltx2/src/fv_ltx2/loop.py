@@ -32,6 +32,7 @@ from fv_core import (
 from fv_core.extend import BLOCKS_INPUT
 from fv_core.request import ImagePart
 from fv_ltx2.model import LTX2Model
+from fv_ltx2.parallel import parallel_denoise_body
 from fv_ltx2.params import LTX2Params
 from fv_ltx2.transformer import forward_blocks
 
@@ -393,8 +394,9 @@ class LTX2Loop:
             "audio_text": t["audio_text"][text],
             "text_mask": t["text_mask"][text],
             **self._timesteps(t, state.step, rows),
-            "video_coords": t["video_coords"].repeat((rows,) + (1,) * (t["video_coords"].ndim - 1)),
-            "audio_coords": t["audio_coords"].repeat((rows,) + (1,) * (t["audio_coords"].ndim - 1)),
+            # views of the request's positions (a parallel group sends them to its workers once)
+            "video_coords": t["video_coords"].expand(rows, *t["video_coords"].shape[1:]),
+            "audio_coords": t["audio_coords"].expand(rows, *t["audio_coords"].shape[1:]),
         }
         if self.block_seam:
             inputs[BLOCKS_INPUT] = None  # block-structured body: the runner may attach a block hook here
@@ -405,12 +407,23 @@ class LTX2Loop:
         }
         shapes = tuple(tuple(x.shape[1:]) for x in inputs.values() if x is not None)
         graph = f"{type(self).__name__}:{branch}:{sorted(statics.items(), key=str)}"
+        body = self._denoise(statics, branch)
+        plan = (
+            inst.parallel.plan.id
+            if isinstance(body, partial) and body.func is parallel_denoise_body
+            else None
+        )
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=self._denoise(statics, branch),
+            body=body,
             inputs=inputs,
             batch_key=BatchKey(
-                f"{inst.instance_id}/transformer", "diffusion_denoise", shapes, precision, graph_key=graph
+                f"{inst.instance_id}/transformer",
+                "diffusion_denoise",
+                shapes,
+                precision,
+                parallel_plan=plan or "single",
+                graph_key=graph,
             ),
             batch_size=rows,
             cost_s=self._cost(state) * rows,
@@ -427,7 +440,9 @@ class LTX2Loop:
         return {"timestep": timestep.unsqueeze(-1) * (1 - t["conditioning_mask"]), "audio_timestep": timestep}
 
     def _denoise(self, statics: dict[str, Any], branch: str):
-        """The step body of one branch call."""
+        """The step body of one branch call: on the instance's parallel group when it has one."""
+        if self.instance.parallel is not None:
+            return partial(parallel_denoise_body, self.instance.parallel, statics, branch)
         return partial(denoise_body, self.instance.component("transformer"), statics, branch)
 
     def _combine_and_step(self, state: LoopState) -> None:

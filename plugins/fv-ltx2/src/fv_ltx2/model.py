@@ -2,13 +2,15 @@
 
 Components load lazily (diffusers' and transformers' own classes, safetensors only) and are shared
 by every request; the instance also holds the text feature cache (Gemma + connectors outputs per
-prompt), each component's weights version and the scheduler config.
+prompt), each component's weights version and the scheduler config. On a parallel group
+(``fv_core.load(..., parallel=)``) its denoise calls run on the group's ranks (:mod:`fv_ltx2.parallel`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import torch
 
 from fv_core import ConfigError, FeatureCache, ModelCard
 from fv_core.weights import file_fingerprint, load_component, refuse_pickles, weights_fingerprint
+from fv_ltx2.transformer import unsupported
 
 _IDS = itertools.count()
 WEIGHTED = ("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder")
@@ -52,6 +55,7 @@ class LTX2Model:
         if lora is not None and lora.subfolder and (self.weights / lora.subfolder).is_file():
             self.weights_versions["refine_lora"] = file_fingerprint(self.weights / lora.subfolder)
         self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
+        self.parallel: Any = None  # the ParallelGroup its denoise calls run on (fv_core.load sets it)
         self._components: dict[str, Any] = {}
         self._refine: dict[str, torch.Tensor] | None = None  # transformer weights with the refine LoRA
         self._lock = threading.Lock()
@@ -100,6 +104,20 @@ class LTX2Model:
             base = weights[f"{module}.weight"]
             merged[f"{module}.weight"] = base + scale * (up.to(base) @ down.to(base))
         return merged
+
+    def parallel_shape(self) -> dict[str, int]:
+        """What a parallel plan is checked against: the attention heads Ulysses shards (a sequence degree
+        must divide both the video and the audio heads: their greatest common divisor is given) and the
+        guidance branches of a call (the ``cfg`` call's two rows)."""
+        config = json.loads((self.weights / "transformer" / "config.json").read_text())
+        why = unsupported(config)
+        if why is not None:
+            raise ConfigError(
+                f"card {self.card.model_id!r} cannot run on a parallel group: {why}, and fv drives only "
+                "LTX-2.0 transformers block by block. Fix: drop the parallel plan."
+            )
+        video, audio = (int(config.get(k, 32)) for k in ("num_attention_heads", "audio_num_attention_heads"))
+        return {"heads": math.gcd(video, audio), "branches": 2}
 
     @property
     def num_blocks(self) -> int:

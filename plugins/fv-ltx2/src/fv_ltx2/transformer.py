@@ -5,7 +5,13 @@
 modulation, caption projections, the blocks, the output layers), with the block loop handed to
 ``fv_core.extend.drive_blocks``. Both streams go through the seam as one tensor per row: the video
 and the audio hidden states flattened and concatenated, so a cached span carries both. The loop uses
-it only when a block hook is attached; otherwise the model's own forward runs.
+it when a block hook is attached or the step runs on a parallel group; otherwise the model's own
+forward runs.
+
+Under sequence parallelism (``fv_core.parallel``) each rank takes its shard of the video tokens and of
+the audio tokens, with their coordinates (RoPE on global positions) and any per-token timestep; the
+attentions that span a whole stream swap to head shards (:mod:`fv_ltx2.attention`), and both outputs
+are gathered after their output projections. Outside a group ``shard`` and ``gather`` are identities.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import torch
 
 from fv_core import ConfigError
 from fv_core.extend import BlockHook, drive_blocks
+from fv_core.parallel import gather, shard
+from fv_ltx2.attention import stream_tokens
 
 
 def _text_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -27,28 +35,41 @@ def _modulation(embedder, t: torch.Tensor, rows: int, dtype: torch.dtype) -> tor
     return value.view(rows, -1, value.shape[-1])
 
 
+def unsupported(config: Any) -> str | None:
+    """Why fv cannot drive a transformer with this config block by block (None: it can)."""
+    modulation = config.get("cross_attn_mod") or config.get("audio_cross_attn_mod")
+    if config.get("use_keyframes_abs_pos_embedding") or (
+        modulation and config.get("use_prompt_adaln_single", True)
+    ):
+        return "it uses LTX-2.3+ timestep-driven prompt modulation or keyframe embeddings"
+    return None
+
+
 def forward_blocks(m, hook: BlockHook | None, branch: str, inputs: dict[str, Any], statics: dict[str, Any]):
     """(video velocity, audio velocity) of one call, its blocks driven through ``hook``."""
-    if m.config.use_keyframes_abs_pos_embedding or (m.prompt_modulation and m.config.use_prompt_adaln_single):
+    why = unsupported(m.config)
+    if why is not None:
         raise ConfigError(
-            "block interceptors drive LTX-2.0 transformers; this checkpoint uses LTX-2.3+ prompt modulation or "
-            "keyframe embeddings. Fix: disable the block interceptor for this model."
+            f"fv drives LTX-2.0 transformers block by block (block interceptors, parallel groups); this "
+            f"checkpoint cannot be: {why}. Fix: disable the block interceptor and the parallel plan."
         )
     video, audio = inputs["latents"], inputs["audio_latents"]
-    timestep, rows, dtype = (
-        inputs["timestep"],
-        video.shape[0],
-        video.dtype,
-    )  # per video token when conditioned
+    video_tokens, audio_tokens, rows, dtype = video.shape[1], audio.shape[1], video.shape[0], video.dtype
+    timestep = inputs["timestep"]  # [rows], or [rows, video tokens] when conditioned
     audio_timestep = inputs.get("audio_timestep", timestep)  # also the sigma of both modalities
+    if timestep.ndim == 2:  # per video token: this rank's tokens
+        timestep = shard(timestep, 1)
     text_bias = _text_bias(inputs["text_mask"], video.dtype)
     video_coords, audio_coords = inputs["video_coords"], inputs["audio_coords"]
-    rope = dict(
-        video_rotary_emb=m.rope(video_coords, device=video.device),
-        audio_rotary_emb=m.audio_rope(audio_coords, device=audio.device),
-        ca_video_rotary_emb=m.cross_attn_rope(video_coords[:, 0:1, :], device=video.device),
-        ca_audio_rotary_emb=m.cross_attn_audio_rope(audio_coords[:, 0:1, :], device=audio.device),
+    rope = dict(  # the tables of all positions, then this rank's rows of them (a shard may be empty)
+        video_rotary_emb=_shard_rope(m.rope(video_coords, device=video.device)),
+        audio_rotary_emb=_shard_rope(m.audio_rope(audio_coords, device=audio.device)),
+        ca_video_rotary_emb=_shard_rope(m.cross_attn_rope(video_coords[:, 0:1, :], device=video.device)),
+        ca_audio_rotary_emb=_shard_rope(
+            m.cross_attn_audio_rope(audio_coords[:, 0:1, :], device=audio.device)
+        ),
     )
+    video, audio = shard(video, 1), shard(audio, 1)
     video, audio = m.proj_in(video), m.audio_proj_in(audio)
     gate_factor = m.config.cross_attn_timestep_scale_multiplier / m.config.timestep_scale_multiplier
     temb, video_embedded = m.time_embed(timestep.flatten(), batch_size=rows, hidden_dtype=dtype)
@@ -98,11 +119,12 @@ def forward_blocks(m, hook: BlockHook | None, branch: str, inputs: dict[str, Any
         )
         return torch.cat([v.flatten(1), a.flatten(1)], dim=1)
 
-    hidden = drive_blocks(
-        hook, branch, torch.cat([video.flatten(1), audio.flatten(1)], dim=1), len(m.transformer_blocks), block
-    )
+    with stream_tokens(video_tokens, audio_tokens):
+        hidden = torch.cat([video.flatten(1), audio.flatten(1)], dim=1)
+        hidden = drive_blocks(hook, branch, hidden, len(m.transformer_blocks), block)
     v, a = hidden.split([video_shape[1] * video_shape[2], audio_shape[1] * audio_shape[2]], dim=1)
-    return _out(m.norm_out, m.proj_out, m.scale_shift_table, video_embedded, v.view(video_shape), rows), _out(
+    v = _out(m.norm_out, m.proj_out, m.scale_shift_table, video_embedded, v.view(video_shape), rows)
+    a = _out(
         m.audio_norm_out,
         m.audio_proj_out,
         m.audio_scale_shift_table,
@@ -110,6 +132,13 @@ def forward_blocks(m, hook: BlockHook | None, branch: str, inputs: dict[str, Any
         a.view(audio_shape),
         rows,
     )
+    return gather(v, 1, video_tokens), gather(a, 1, audio_tokens)
+
+
+def _shard_rope(table: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's tokens of a (cos, sin) RoPE table: [B, heads, tokens, r] ("split") or [B, tokens, dim]."""
+    dim = 2 if table[0].ndim == 4 else 1
+    return shard(table[0], dim), shard(table[1], dim)
 
 
 def _out(
