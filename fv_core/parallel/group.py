@@ -9,8 +9,9 @@ requests that were not on the failed step). One step::
 
 ``fn`` is a ``"module:attr"`` step function ``fn(component, inputs) -> outputs | None`` that calls
 ``fv_core.parallel`` collectives. Tensors cross processes on the CPU and land on each rank's device.
-A worker that dies (or a collective that times out) fails the step with :class:`WorkerFailed`; the
-group restarts on the next step. Gloo on CPU, NCCL on CUDA; ranks beyond 0 use ``cuda:<rank>``.
+A worker whose step raises prints its error and exits, so no rank waits on it in a collective; a
+worker that dies (or a collective that times out) fails the step with :class:`WorkerFailed`, and an
+error of rank 0's own part is raised as it is. Either way the group restarts on the next step. Gloo on CPU, NCCL on CUDA; ranks beyond 0 use ``cuda:<rank>``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -83,7 +86,6 @@ class Reply:
     outputs: dict[str, Any] | None  # what this rank returns (None: it owns no output)
     caches: dict[str, dict[str, Any]] = field(default_factory=dict)  # hook cache entries it rebound
     traffic: int = 0  # bytes this rank sent during the step
-    error: str | None = None  # the step failed here
 
 
 def make_rank(rank: int, plan: ParallelPlan) -> Rank:
@@ -190,8 +192,9 @@ def worker_main(rank: int, plan: ParallelPlan, spec: WorkerSpec, port: int, thre
                 reply = execute(model.instance, me, step)
                 reply.outputs = _to(reply.outputs, "cpu")
                 reply.caches = _to(reply.caches, "cpu")
-            except Exception as exc:  # reported to rank 0, which fails the step
-                reply = Reply(None, error=f"{type(exc).__name__}: {exc}")
+            except Exception:  # the other ranks may wait in this step's collectives: leave, so they fail now
+                traceback.print_exc()
+                os._exit(1)
             dist.gather_object(reply, None, dst=0)
     finally:
         dist.destroy_process_group()
@@ -275,12 +278,12 @@ class ParallelGroup:
                     own = execute(self.instance, self._rank(), step)
                 replies: list[Any] = [None] * self.plan.world_size
                 dist.gather_object(own, replies, dst=0)
-            except RuntimeError as exc:  # a rank died or timed out mid-collective
+            except BaseException as exc:  # the ranks are out of step: the next step restarts the group
                 self._broken = f"{type(exc).__name__}: {exc}"
-                raise self._failure(label, self._broken) from None
-        errors = [f"rank {r}: {reply.error}" for r, reply in enumerate(replies) if reply.error]
-        if errors:
-            raise WorkerFailed(f"parallel step {label!r} failed on " + "; ".join(errors))
+                collective = isinstance(exc, RuntimeError)  # what gloo / NCCL raise when a peer is gone
+                if collective and (isinstance(exc, dist.DistError) or self._workers_died()):
+                    raise self._failure(label, self._broken) from None
+                raise  # rank 0's own error, as it is
         for reply in replies[1:]:
             self.worker_bytes += reply.traffic + tensor_bytes(reply)  # its collectives, then its reply
             if step.hook is not None:
@@ -305,6 +308,15 @@ class ParallelGroup:
         assert self.rank is not None, "started above"
         return self.rank
 
+    def _workers_died(self, grace_s: float = 2.0) -> bool:
+        """Whether a worker exited (waiting ``grace_s`` for one that is on its way out)."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self._procs):
+                return True
+            time.sleep(0.05)
+        return False
+
     def _check_alive(self, label: str) -> None:
         dead = [(r, p.poll()) for r, p in enumerate(self._procs, 1) if p.poll() is not None]
         if dead:
@@ -317,8 +329,9 @@ class ParallelGroup:
         ]
         who = f"; dead: {', '.join(dead)}" if dead else ""
         return WorkerFailed(
-            f"parallel group {self.plan.id} lost a worker during {label or 'a step'} ({why}{who}). "
-            "The requests on this step failed; the group restarts for the next step."
+            f"parallel group {self.plan.id} lost a worker during {label or 'a step'} ({why}{who}; a worker's "
+            "own error is on this process's stderr). The requests on this step failed; the group restarts "
+            "for the next step."
         )
 
     def close(self) -> None:

@@ -35,8 +35,9 @@ def replica_a(tmp_path):
     proc.start()
     assert started.wait(60)
     yield tmp_path, job_id, proc
-    stop.set()
-    proc.join(10)
+    if proc.is_alive():  # setting the event of a killed waiter would block on its semaphore for ever
+        stop.set()
+        proc.join(10)
     if proc.is_alive():
         proc.kill()
 

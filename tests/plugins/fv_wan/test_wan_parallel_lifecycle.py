@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -23,14 +25,27 @@ def host():
     return plugin_host()
 
 
+@pytest.fixture(scope="module")
+def tiny_reference(host):
+    """The tiny card's one-process result (FBCache on)."""
+    return run(load("wan2.1-t2v-tiny", deploy=deploy("wan2.1-t2v-tiny"), host=host), TINY)
+
+
+@contextmanager
+def group(host, plan: str, card: str = "wan2.1-t2v-tiny", plan_deploy=None) -> Iterator:
+    """``card`` (FBCache on, or ``plan_deploy``) on a parallel group, closed after."""
+    model = load(card, deploy=plan_deploy or deploy(card), host=host, parallel=plan)
+    try:
+        yield model
+    finally:
+        model.close()
+
+
 def test_shapes_card_matches_one_process(host):
     reference = run(load("wan2.1-t2v-shapes", deploy=deploy("wan2.1-t2v-shapes"), host=host), SHAPES)
     for plan in PLANS:
-        model = load("wan2.1-t2v-shapes", deploy=deploy("wan2.1-t2v-shapes"), host=host, parallel=plan)
-        try:
+        with group(host, plan, "wan2.1-t2v-shapes") as model:
             assert_close(reference, run(model, SHAPES))
-        finally:
-            model.close()
 
 
 def test_sta_runs_on_each_rank_of_a_sequence_parallel_group(host):
@@ -43,43 +58,43 @@ def test_sta_runs_on_each_rank_of_a_sequence_parallel_group(host):
         }
     )
     reference = run(load("wan2.1-t2v-tiny", deploy=sta, host=host), TINY)
-    model = load("wan2.1-t2v-tiny", deploy=sta, host=host, parallel="sp=2")
-    try:
+    with group(host, "sp=2", plan_deploy=sta) as model:
         result = run(model, TINY)
-        assert_close(reference, result)
-        assert result.metrics["kernels"]["attention"]["variant"] == "sta"
-    finally:
-        model.close()
+    assert_close(reference, result)
+    assert result.metrics["kernels"]["attention"]["variant"] == "sta"
 
 
-def test_cancel_stops_at_a_step_boundary_and_the_group_serves_on(host):
+def test_cancel_stops_at_a_step_boundary_and_the_group_serves_on(host, tiny_reference):
     """Workers hold no request state: a request cancelled mid-run leaves nothing behind on any rank."""
-    reference = run(load("wan2.1-t2v-tiny", deploy=deploy("wan2.1-t2v-tiny"), host=host), TINY)
-    model = load("wan2.1-t2v-tiny", deploy=deploy("wan2.1-t2v-tiny"), host=host, parallel="sp=2,cfg=2")
-    try:
+    with group(host, "sp=2,cfg=2") as model:
         engine = Engine(
             on_event=lambda e: e.kind == "progress" and e.step == 2 and engine.cancel(e.request_id)
         )
         with pytest.raises(Cancelled):
             engine.run_one(*model.job(model.prepare(TINY)))
-        assert_close(reference, run(model, TINY))
-    finally:
-        model.close()
+        assert_close(tiny_reference, run(model, TINY))
 
 
-def test_dead_worker_fails_its_step_then_the_group_restarts(host):
+def test_dead_worker_fails_its_step_then_the_group_restarts(host, tiny_reference):
     """Killing a rank mid-job fails that job with the rank and its exit code; the next job succeeds."""
-    reference = run(load("wan2.1-t2v-tiny", deploy=deploy("wan2.1-t2v-tiny"), host=host), TINY)
-    model = load("wan2.1-t2v-tiny", deploy=deploy("wan2.1-t2v-tiny"), host=host, parallel="cfg=2")
-    try:
+    with group(host, "cfg=2") as model:
         victim = model.parallel.alive_workers()[0]
         os.kill(victim, signal.SIGKILL)
         with pytest.raises(WorkerFailed, match=r"lost a worker during denoise.*rank 1 \(exit code -9\)"):
             run(model, TINY)
-        assert_close(reference, run(model, TINY))
+        assert_close(tiny_reference, run(model, TINY))
         assert model.parallel.restarts == 1 and victim not in model.parallel.alive_workers()
-    finally:
-        model.close()
+
+
+def test_a_step_that_raises_fails_alone_and_the_group_restarts(host, tiny_reference):
+    """A step that raises on every rank (no timestep): rank 0 raises its own error at once (the workers
+    exit instead of leaving rank 0 in a collective) and the next request runs on a fresh group."""
+    with group(host, "sp=2") as model:
+        inputs = {"latents": torch.zeros(1, 16, 2, 4, 6), "kv": torch.zeros(1, 2, 2, 8, 32)}
+        with pytest.raises(KeyError, match="timestep"):
+            model.parallel.run("fv_wan.parallel:denoise_shard", "transformer", inputs, label="bad step")
+        assert_close(tiny_reference, run(model, TINY))
+        assert model.parallel.restarts == 1
 
 
 def test_close_stops_every_worker(host):
