@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from fv_core.errors import ConfigError
 
+    if args.ray and args.parallel:
+        raise ConfigError(
+            "--parallel with --ray: put `parallel:` on the deploy entry instead (each replica reads it)."
+        )
     if args.ray:
         try:
             from fv_ray_serve import run_fleet
@@ -29,7 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from fv_core.plugins import load_plugins
     from fv_core.serving.app import create_app
 
-    deploy = load_deploy(args.deploy_file)
+    deploy = with_parallel(load_deploy(args.deploy_file), args.parallel)
     host = load_plugins()
     problems = check_deploy(deploy, host, args.device)
     if problems:
@@ -39,6 +44,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(deploy, host, args.data_dir, args.api_key, args.device)
     DrainingServer(app, host=args.host, port=args.port, log_level=args.log_level).run()
     return 0
+
+
+def with_parallel(deploy: Any, plan: str | None) -> Any:
+    """``deploy`` with its one model on parallel ``plan`` (``--parallel``); unchanged without one."""
+    from fv_core.errors import ConfigError
+    from fv_core.parallel import ParallelPlan
+
+    if plan is None:
+        return deploy
+    if len(deploy.models) != 1:
+        names = [m.served_name for m in deploy.models]
+        raise ConfigError(
+            f"--parallel {plan}: the deploy file serves {len(deploy.models)} models {names}, and a process runs "
+            "one parallel group. Fix: set `parallel:` on one model's entry in the deploy file."
+        )
+    entry = deploy.models[0].model_copy(update={"parallel": ParallelPlan.parse(plan).id})
+    return deploy.model_copy(update={"models": [entry]})
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -63,6 +85,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--data-dir", default=None, help="jobs database and videos (default: the deploy's data_dir)"
+    )
+    serve.add_argument(
+        "--parallel",
+        metavar="PLAN",
+        help="run the deploy file's one model on a group of processes, e.g. sp=2,cfg=2 (default: its entry's)",
     )
     serve.add_argument("--device", default="cpu", help="torch device the models run on (default: cpu)")
     serve.add_argument(

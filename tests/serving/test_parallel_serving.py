@@ -38,3 +38,19 @@ def test_parallel_deploy_serves_survives_a_dead_worker_and_stops_its_workers(hos
         )
         restarted = list(group._procs)
     assert all(p.poll() is not None for p in workers + restarted), "shutdown stopped every worker"
+
+
+def test_serve_parallel_flag_sets_the_one_models_plan():
+    from fv_core import ConfigError
+    from fv_core.serving.cli import with_parallel
+
+    one = parse_deploy({"models": [{"card": TINY}]})
+    assert with_parallel(one, "cfg=2, sp=2").models[0].parallel == "sp=2,cfg=2"
+    assert with_parallel(one, None) is one
+    two = parse_deploy({"models": [{"card": TINY}, {"card": TINY, "name": "other"}]})
+    with pytest.raises(
+        ConfigError, match=r"serves 2 models \['wan2.1-t2v-tiny', 'other'\].*one model's entry"
+    ):
+        with_parallel(two, "sp=2")
+    with pytest.raises(ConfigError, match="'sp=x' is not AXIS=DEGREE"):
+        with_parallel(one, "sp=x")
