@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from fv_core.errors import ConfigError, FvError
 from fv_core.loop.seam import BLOCKS_INPUT, BlockHook
 from fv_core.parallel.comm import TRAFFIC, Rank, running_as
 from fv_core.parallel.plan import ParallelPlan, plan_problems
-from fv_core.parallel.resident import ResidentSender, ResidentStore, Store
+from fv_core.parallel.resident import ResidentSender, Store
 from fv_core.registry import resolve_lazy
 
 TIMEOUT_S = float(os.environ.get("FV_PARALLEL_TIMEOUT_S", "120"))  # a collective waits this long for a rank
@@ -86,6 +85,21 @@ class Reply:
     outputs: dict[str, Any] | None  # what this rank returns (None: it owns no output)
     caches: dict[str, dict[str, Any]] = field(default_factory=dict)  # hook cache entries it rebound
     traffic: int = 0  # bytes this rank sent during the step
+
+
+def join(rank: int, plan: ParallelPlan, port: int, device: str) -> Rank:
+    """Join the group's torch.distributed world (NCCL for CUDA, gloo otherwise) as ``rank``."""
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=plan.world_size,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
+    return make_rank(rank, plan)
 
 
 def make_rank(rank: int, plan: ParallelPlan) -> Rank:
@@ -154,50 +168,15 @@ def tensor_bytes(value: Any) -> int:
     return 0
 
 
-def _to(value: Any, device: torch.device | str) -> Any:
+def moved(value: Any, device: torch.device | str) -> Any:
+    """``value`` with every tensor in it (dicts, lists, tuples) on ``device``."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
+        return {k: moved(v, device) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_to(v, device) for v in value)
+        return type(value)(moved(v, device) for v in value)
     return value
-
-
-def worker_main(rank: int, plan: ParallelPlan, spec: WorkerSpec, port: int, threads: int) -> None:
-    """A worker rank: load the model, then run steps until rank 0 says stop (or goes away)."""
-    torch.set_num_threads(threads)
-    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=plan.world_size,
-        timeout=datetime.timedelta(seconds=TIMEOUT_S),
-    )
-    me = make_rank(rank, plan)
-    model = spec.load(rank)
-    device, resident = model.instance.device, ResidentStore()
-    try:
-        while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0)
-            step = box[0]
-            if step is None:
-                break
-            try:
-                step.inputs = _to(resident.decode(step.inputs, step.evict, device), device)
-                reply = execute(model.instance, me, step)
-                reply.outputs = _to(reply.outputs, "cpu")
-                reply.caches = _to(reply.caches, "cpu")
-            except Exception:  # the other ranks may wait in this step's collectives: leave, so they fail now
-                traceback.print_exc()
-                os._exit(1)
-            dist.gather_object(reply, None, dst=0)
-    finally:
-        dist.destroy_process_group()
 
 
 def _spawn(rank: int, plan: ParallelPlan, spec: WorkerSpec, port: int, threads: int) -> subprocess.Popen:
@@ -240,15 +219,7 @@ class ParallelGroup:
         port = free_port()
         threads = self._threads = max(1, (os.cpu_count() or 1) // self.plan.world_size)
         self._procs = [_spawn(r, self.plan, self.spec, port, threads) for r in range(1, self.plan.world_size)]
-        backend = "nccl" if self.spec.device.startswith("cuda") else "gloo"
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=0,
-            world_size=self.plan.world_size,
-            timeout=datetime.timedelta(seconds=TIMEOUT_S),
-        )
-        self.rank = make_rank(0, self.plan)
+        self.rank = join(0, self.plan, port, self.spec.device)
         self._resident = ResidentSender()  # fresh workers hold nothing
         self._broken = None
 
@@ -267,7 +238,7 @@ class ParallelGroup:
             self._check_alive(label)
             hook = inputs.get(BLOCKS_INPUT)
             common = {k: v for k, v in inputs.items() if k != BLOCKS_INPUT}
-            sent = _to(self._resident.encode(common, resident), "cpu")
+            sent = moved(self._resident.encode(common, resident), "cpu")
             step = Step(fn, component, sent, hook if isinstance(hook, BlockHook) else None)
             step.evict = self._resident.evictions()
             try:
@@ -287,7 +258,7 @@ class ParallelGroup:
         for reply in replies[1:]:
             self.worker_bytes += reply.traffic + tensor_bytes(reply)  # its collectives, then its reply
             if step.hook is not None:
-                step.hook.caches.update(_to(reply.caches, self.instance.device))
+                step.hook.caches.update(moved(reply.caches, self.instance.device))
         return [replies[0], *(_reply_on(r, self.instance.device) for r in replies[1:])]
 
     @contextmanager
@@ -392,5 +363,5 @@ def start_group(plan: ParallelPlan, card: Any, instance: Any, spec: WorkerSpec, 
 
 
 def _reply_on(reply: Reply, device: torch.device) -> Reply:
-    reply.outputs = _to(reply.outputs, device)
+    reply.outputs = moved(reply.outputs, device)
     return reply
