@@ -1,6 +1,13 @@
 """Extension seam: observers (read-only) and interceptors (compute-altering)."""
 
-from fv_core.extend.protocols import BaseObserver, BlockInterceptor, Observer, StepInterceptor, plugin_slot
+from fv_core.extend.protocols import (
+    BaseObserver,
+    BlockInterceptor,
+    Observer,
+    SpanInterceptor,
+    StepInterceptor,
+    plugin_slot,
+)
 from fv_core.loop.seam import (
     BLOCK_SKIP,
     BLOCKS_INPUT,
@@ -11,6 +18,7 @@ from fv_core.loop.seam import (
     drive_blocks,
     negotiate,
 )
+from fv_core.loop.spans import BlockHooks, drive_spans
 
 __all__ = [
     "BLOCKS_INPUT",
@@ -19,11 +27,14 @@ __all__ = [
     "BaseObserver",
     "BlockFn",
     "BlockHook",
+    "BlockHooks",
     "BlockInterceptor",
     "Observer",
+    "SpanInterceptor",
     "StepInterceptor",
     "check_interceptors",
     "negotiate",
     "plugin_slot",
     "drive_blocks",
+    "drive_spans",
 ]

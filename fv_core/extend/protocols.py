@@ -91,6 +91,33 @@ class BlockInterceptor(Protocol):
     ) -> torch.Tensor: ...
 
 
+@runtime_checkable
+class SpanInterceptor(Protocol):
+    """A block interceptor that decides per request inside a batch (what lets cached requests batch).
+
+    Per forward of CFG ``branch``: ``begin_span`` (called once, first) names the
+    span ``[first, last)`` of blocks it may skip; at block ``first``,
+    ``skip_span`` gets this request's rows' residual of blocks ``[0, first)``
+    and returns the residual to add instead of running the span, or None to
+    run it; after a run span, ``end_span`` gets the span's residual.
+    :func:`~fv_core.loop.spans.drive_spans` calls them for each plan of a
+    batch on its own rows and its own ``caches`` (rebind, never mutate).
+    """
+
+    plugin_id: str
+    kind: str
+
+    def begin_span(
+        self, caches: dict[str, dict[str, Any]], branch: str, num_blocks: int
+    ) -> tuple[int, int]: ...
+
+    def skip_span(
+        self, caches: dict[str, dict[str, Any]], branch: str, residual: torch.Tensor
+    ) -> torch.Tensor | None: ...
+
+    def end_span(self, caches: dict[str, dict[str, Any]], branch: str, residual: torch.Tensor) -> None: ...
+
+
 def plugin_slot(state: LoopState, plugin_id: str, branch: str = "main") -> dict[str, Any]:
     """The per-request, per-branch state dict owned by one plugin."""
     return state.plugin_state.setdefault(plugin_id, {}).setdefault(branch, {})

@@ -3,9 +3,16 @@
 A block-structured step body declares that an interceptor may drive its
 blocks by carrying ``inputs[BLOCKS_INPUT] = None``. When a block interceptor
 is enabled, the runner replaces that ``None`` with a :class:`BlockHook` bound
-to this request (the plan then runs unbatched) and, once the step is done,
-commits what the hook wrote back into ``LoopState.plugin_state``. The body
-itself never touches LoopState: a body that fails leaves the state as it was.
+to this request and, once the step is done, commits what the hook wrote back
+into ``LoopState.plugin_state``. The body itself never touches LoopState: a
+body that fails leaves the state as it was.
+
+A plan keeps its batch key when its interceptor is a span interceptor
+(``begin_span`` / ``skip_span`` / ``end_span``, see ``fv_core.extend``) and it
+runs in one process: batched plans then reach the body as one
+:class:`~fv_core.loop.spans.BlockHooks` (each plan's own hook over its rows), and
+:func:`~fv_core.loop.spans.drive_spans` runs every block once for exactly the
+rows that need it. Plans on a parallel group still run unbatched.
 
 It lives with the loop runner that applies it; ``fv_core.extend`` (the plugin-facing
 protocols) re-exports its public names, so ``extend`` depends on ``loop`` and never back.
@@ -21,12 +28,15 @@ import torch
 
 from fv_core.errors import ConfigError
 from fv_core.loop.contracts import LoopState, WorkPlan
+from fv_core.loop.spans import BlockHooks, drive_spans
 
 BLOCKS_INPUT = "blocks"  # plan input through which a block-structured body receives its BlockHook
 STEP_SKIP, BLOCK_SKIP = "step_skip", "block_skip"  # interceptor kinds a card may accept
 
-# block(index, hidden) -> hidden: computes transformer block ``index`` for real.
-BlockFn = Callable[[int, torch.Tensor], torch.Tensor]
+# block(index, hidden) -> hidden: computes transformer block ``index`` for real. A body whose plans
+# may batch with block hooks also takes ``block(index, hidden, rows)``: ``hidden`` then holds only the
+# batch rows ``rows`` (a LongTensor), and the block uses those rows of its per-row inputs.
+BlockFn = Callable[..., torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -49,9 +59,15 @@ class BlockHook:
 
 
 def drive_blocks(
-    hook: BlockHook | None, branch: str, hidden: torch.Tensor, num_blocks: int, block: BlockFn
+    hook: BlockHook | BlockHooks | None,
+    branch: str,
+    hidden: torch.Tensor,
+    num_blocks: int,
+    block: BlockFn,
 ) -> torch.Tensor:
-    """What a body calls for its block loop: through the hook when one is attached, plainly otherwise."""
+    """What a body calls for its block loop: through the hook(s) when attached, plainly otherwise."""
+    if isinstance(hook, BlockHooks):
+        return drive_spans(hook, branch, hidden, num_blocks, block)
     if hook is not None:
         return hook.run(branch, hidden, num_blocks, block)
     for index in range(num_blocks):
@@ -63,14 +79,22 @@ def is_block_interceptor(icp: Any) -> bool:
     return callable(getattr(icp, "run_blocks", None))
 
 
+def is_span_interceptor(icp: Any) -> bool:
+    """Whether ``icp`` can decide per request inside a batch (``begin_span``/``skip_span``/``end_span``)."""
+    return all(callable(getattr(icp, name, None)) for name in ("begin_span", "skip_span", "end_span"))
+
+
 def attach_block_hook(state: LoopState, plan: WorkPlan, interceptors: Sequence[Any]) -> WorkPlan:
-    """``plan`` with a BlockHook in its ``BLOCKS_INPUT`` (and no batch key) when a block interceptor is on."""
+    """``plan`` with a BlockHook in its ``BLOCKS_INPUT`` when a block interceptor is on. The plan keeps
+    its batch key only when the interceptor is a span interceptor and the plan runs in one process."""
     icp = next((i for i in interceptors if is_block_interceptor(i)), None)
     if icp is None or BLOCKS_INPUT not in plan.inputs:
         return plan
     own = state.plugin_state.get(icp.plugin_id, {})
     hook = BlockHook(icp, {key: dict(value) for key, value in own.items()})
-    return replace(plan, inputs={**plan.inputs, BLOCKS_INPUT: hook}, batch_key=None)
+    key = plan.batch_key
+    batchable = key is not None and key.parallel_plan == "single" and is_span_interceptor(icp)
+    return replace(plan, inputs={**plan.inputs, BLOCKS_INPUT: hook}, batch_key=key if batchable else None)
 
 
 def commit_block_hook(state: LoopState, plan: WorkPlan) -> None:

@@ -2,7 +2,9 @@
 
 Plans with equal ``batch_key`` run as one ``body`` call on their tensor
 inputs concatenated along dim 0 (``batch_size`` rows each); non-tensor
-inputs must be equal. Tensor outputs are split back by rows, non-tensor
+inputs must be equal, except block hooks (``BLOCKS_INPUT``): each plan's
+own hook goes into one :class:`~fv_core.loop.spans.BlockHooks` over its rows,
+so every request's interceptor decides on its rows alone. Tensor outputs are split back by rows, non-tensor
 outputs are shared. Measured time is attributed in proportion to each
 plan's predicted cost.
 """
@@ -17,13 +19,19 @@ import torch
 from fv_core.loop.context import grad_mode
 from fv_core.loop.contracts import Profile, StepResult, WorkPlan
 from fv_core.loop.runner import run_plan
+from fv_core.loop.seam import BLOCKS_INPUT
+from fv_core.loop.spans import BlockHooks
 
 
 def concat_inputs(plans: list[WorkPlan]) -> dict[str, Any]:
     first = plans[0]
     out: dict[str, Any] = {}
     for name, value in first.inputs.items():
-        if isinstance(value, torch.Tensor):
+        if name == BLOCKS_INPUT:
+            hooks = [p.inputs.get(name) for p in plans]
+            members = [(hook, p.batch_size) for hook, p in zip(hooks, plans, strict=True)]
+            out[name] = BlockHooks(members) if any(h is not None for h in hooks) else None
+        elif isinstance(value, torch.Tensor):
             for p in plans:
                 rows = p.inputs[name].shape[0] if p.inputs[name].dim() else 0
                 if rows != p.batch_size:

@@ -54,7 +54,7 @@ class BlockDenoiseLoop:
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, hook: Any, branch: str):
         dit = self.dit
         h = x + dit.t_embed(t[:, None])[:, None, :] + dit.cond_proj(cond)[:, None, :]
-        h = drive_blocks(hook, branch, h, len(dit.blocks), lambda i, hidden: dit.blocks[i](hidden))
+        h = drive_blocks(hook, branch, h, len(dit.blocks), lambda i, hidden, rows=None: dit.blocks[i](hidden))
         return dit.out(h)
 
     def body(self, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from fv_cache_dit import DBCache, FBCache, TaylorSeer
 from fv_core import ConfigError, PluginHost, Request
 from fv_core.deploy.card import parse_deploy
 from fv_core.deploy.check import check_deploy
+from fv_core.extend import BaseObserver
 from fv_core.parity import compare_results
 from fv_core.runtime import Engine
 from fv_wan.cards import fastwan_1_3b
@@ -67,6 +68,47 @@ def test_interleaved_wan_requests_with_different_thresholds_equal_serial(model):
     assert set(stats[0]["branches"]) == {"cond", "uncond"}  # two-forward CFG: one cache per branch
     assert all(s["computed"] + s["cached"] == 2 * BASE["num_inference_steps"] for s in stats)
     assert stats[2]["cached"] > stats[0]["cached"]  # a higher threshold caches more
+
+
+class DenoiseBatches(BaseObserver):
+    """``batched_with`` of every denoise step."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def on_step(self, state, plan, result) -> None:
+        if plan.label.startswith("denoise"):
+            self.sizes.append(result.batched_with)
+
+
+@pytest.mark.parametrize("cfg_mode", ["two_forward", "batched"])
+def test_four_fbcache_requests_run_batched_and_equal_their_solo_runs(model, cfg_mode):
+    thresholds = [0.05, 0.2, 0.4, 0.8]
+
+    def items():
+        return [
+            model.job(
+                model.prepare(
+                    {**BASE, "prompt": PROMPTS[i % len(PROMPTS)], "seed": i, "cfg_mode": cfg_mode},
+                    request_id=f"b{i}",
+                    plugin_options={"fv-cache-dit": {"residual_diff_threshold": r}},
+                )
+            )
+            for i, r in enumerate(thresholds)
+        ]
+
+    seen = DenoiseBatches()
+    with torch.no_grad():
+        solo = Engine(interceptors=[FBCache(max_warmup_steps=2)]).run_serial(items())
+        batched = Engine(observers=[seen], interceptors=[FBCache(max_warmup_steps=2)]).run_batched(items())
+    assert seen.sizes == [4] * 4 * BASE["num_inference_steps"]  # each request, each step: one call of four
+    tol = model.card.parity.tolerances["frames_batched_cfg"]  # rows concatenated, as for uncached batches
+    report = compare_results(solo, batched, "batched", tolerance=tol)
+    assert report.ok, str(report)
+    stats = [r.metrics["cache_dit"] for r in batched if r is not None]
+    assert stats == [r.metrics["cache_dit"] for r in solo if r is not None]  # each its solo decisions
+    cached = [s["cached"] for s in stats]
+    assert cached[-1] > cached[0] and len(set(cached)) > 1  # ... which differ within each batch
 
 
 @pytest.mark.parametrize("cfg_mode", ["two_forward", "batched"])

@@ -27,7 +27,7 @@ from fv_cache_dit.options import PLUGIN, CacheDiTOptions
 from fv_cache_dit.stats import summarize
 from fv_cache_dit.taylorseer import taylor_forecast, taylor_update
 from fv_core import ConfigError, LoopResult, LoopState, explain
-from fv_core.extend import BLOCK_SKIP, BlockFn
+from fv_core.extend import BLOCK_SKIP, BlockFn, BlockHook, BlockHooks, drive_spans
 from fv_core.parallel import global_mean
 
 
@@ -108,7 +108,7 @@ class DBCache:
     def on_finish(self, state: LoopState, result: LoopResult) -> None:
         result.metrics["cache_dit"] = summarize(self.name, state.plugin_state.get(PLUGIN, {}))
 
-    # -- the block seam -------------------------------------------------------------------------------
+    # -- the block seam: one forward of one CFG branch, for a request alone or for its rows of a batch --
 
     def run_blocks(
         self,
@@ -118,6 +118,13 @@ class DBCache:
         num_blocks: int,
         block: BlockFn,
     ) -> torch.Tensor:
+        """The request's forward alone: the span driver with this request as the only rows."""
+        return drive_spans(
+            BlockHooks([(BlockHook(self, caches), hidden.shape[0])]), branch, hidden, num_blocks, block
+        )
+
+    def begin_span(self, caches: dict[str, dict[str, Any]], branch: str, num_blocks: int) -> tuple[int, int]:
+        """Count the branch's call; the span ``[Fn, num_blocks - Bn)`` is the one that may be cached."""
         opts = CacheDiTOptions.model_validate(caches["options"])
         fn, bn = opts.Fn_compute_blocks, opts.Bn_compute_blocks
         if fn + bn > num_blocks:
@@ -126,30 +133,30 @@ class DBCache:
                 f"{num_blocks} blocks. Fix: choose Fn + Bn <= {num_blocks}."
             )
         cache = caches.setdefault(branch, {})
-        step = cache["step"] = cache.get("step", -1) + 1
-        cached_steps = cache.get("cached_steps", [])
+        cache["step"] = cache.get("step", -1) + 1
+        return fn, num_blocks - bn
+
+    def skip_span(
+        self, caches: dict[str, dict[str, Any]], branch: str, residual: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The span's cached residual (or its TaylorSeer forecast) when this step may cache and the
+        front blocks' ``residual`` is close to the last computed step's; None: run the span."""
+        opts, cache = CacheDiTOptions.model_validate(caches["options"]), caches[branch]
+        step, cached_steps = cache["step"], cache.get("cached_steps", [])
         streak = cache.get("streak", 0) if cached_steps and cached_steps[-1] == step - 1 else 0
-        start = hidden
-        for i in range(fn):
-            hidden = block(i, hidden)
-        residual = hidden - start
         if may_cache(opts, cache, step, streak) and similar(opts, cache, residual):
             cache["cached_steps"], cache["streak"] = [*cached_steps, step], streak + 1
-            hidden = hidden + (
-                taylor_forecast(cache, step) if opts.enable_taylorseer else cache["Bn_residual"]
-            )
+            return taylor_forecast(cache, step) if opts.enable_taylorseer else cache["Bn_residual"]
+        cache["Fn_residual"], cache["streak"] = residual, streak
+        return None
+
+    def end_span(self, caches: dict[str, dict[str, Any]], branch: str, residual: torch.Tensor) -> None:
+        """Record the residual of the span just computed."""
+        opts, cache = CacheDiTOptions.model_validate(caches["options"]), caches[branch]
+        if opts.enable_taylorseer:
+            taylor_update(cache, cache["step"], residual, opts.taylorseer_order)
         else:
-            cache["Fn_residual"], cache["streak"] = residual, streak
-            span_start = hidden
-            for i in range(fn, num_blocks - bn):
-                hidden = block(i, hidden)
-            if opts.enable_taylorseer:
-                taylor_update(cache, step, hidden - span_start, opts.taylorseer_order)
-            else:
-                cache["Bn_residual"] = hidden - span_start
-        for i in range(num_blocks - bn, num_blocks):
-            hidden = block(i, hidden)
-        return hidden
+            cache["Bn_residual"] = residual
 
 
 class FBCache(DBCache):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from fv_core import ConfigError
-from fv_core.extend import BlockHook, drive_blocks
+from fv_core.extend import BlockHook, BlockHooks, drive_blocks
 from fv_core.parallel import gather, shard
 from fv_ltx2.attention import stream_tokens
 
@@ -45,7 +45,9 @@ def unsupported(config: Any) -> str | None:
     return None
 
 
-def forward_blocks(m, hook: BlockHook | None, branch: str, inputs: dict[str, Any], statics: dict[str, Any]):
+def forward_blocks(
+    m, hook: BlockHook | BlockHooks | None, branch: str, inputs: dict[str, Any], statics: dict[str, Any]
+):
     """(video velocity, audio velocity) of one call, its blocks driven through ``hook``."""
     why = unsupported(m.config)
     if why is not None:
@@ -108,14 +110,19 @@ def forward_blocks(m, hook: BlockHook | None, branch: str, inputs: dict[str, Any
     perturb = torch.zeros((rows,))[:, None, None] if stg else None
     video_shape, audio_shape = video.shape, audio.shape
 
-    def block(index: int, hidden: torch.Tensor) -> torch.Tensor:
+    picked: dict[tuple[int, ...], dict[str, Any]] = {}  # per-row inputs of the row subsets a hook runs
+
+    def block(index: int, hidden: torch.Tensor, subset: torch.Tensor | None = None) -> torch.Tensor:
+        mine = dict(kwargs, perturbation_mask=perturb)
+        if subset is not None:
+            mine = picked.setdefault(tuple(subset.tolist()), pick_rows(mine, subset, rows))
+        n = hidden.shape[0]
         v, a = hidden.split([video_shape[1] * video_shape[2], audio_shape[1] * audio_shape[2]], dim=1)
         v, a = m.transformer_blocks[index](
-            hidden_states=v.view(video_shape),
-            audio_hidden_states=a.view(audio_shape),
-            perturbation_mask=perturb if index in stg else None,
+            hidden_states=v.view(n, *video_shape[1:]),
+            audio_hidden_states=a.view(n, *audio_shape[1:]),
             all_perturbed=bool(index in stg),
-            **kwargs,
+            **{**mine, "perturbation_mask": mine["perturbation_mask"] if index in stg else None},
         )
         return torch.cat([v.flatten(1), a.flatten(1)], dim=1)
 
@@ -133,6 +140,20 @@ def forward_blocks(m, hook: BlockHook | None, branch: str, inputs: dict[str, Any
         rows,
     )
     return gather(v, 1, video_tokens), gather(a, 1, audio_tokens)
+
+
+def pick_rows(kwargs: dict[str, Any], subset: torch.Tensor, rows: int) -> dict[str, Any]:
+    """The batch rows ``subset`` of every per-row block input (tensors, and tuples of them, whose first
+    dim is the call's ``rows``); inputs shared by every row stay as they are."""
+
+    def pick(value: Any) -> Any:
+        if isinstance(value, tuple):
+            return tuple(pick(v) for v in value)
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
+            return value.index_select(0, subset.to(value.device))
+        return value
+
+    return {name: pick(value) for name, value in kwargs.items()}
 
 
 def _shard_rope(table: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

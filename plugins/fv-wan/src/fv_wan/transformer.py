@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fv_core.extend import BlockHook, drive_blocks
+from fv_core.extend import BlockHook, BlockHooks, drive_blocks
 from fv_core.parallel import gather, shard
 from fv_wan.attention import token_grid
 
@@ -133,7 +133,7 @@ def run_blocks(
     model,
     prep: Prepared,
     around_block: AroundBlock | None = None,
-    hook: BlockHook | None = None,
+    hook: BlockHook | BlockHooks | None = None,
     branch: str = "main",
 ) -> torch.Tensor:
     """``for block in blocks``: the seam for block interceptors.
@@ -142,13 +142,31 @@ def run_blocks(
     block interceptor decide which blocks of CFG ``branch`` run at all.
     """
 
-    def block(index: int, hidden: torch.Tensor) -> torch.Tensor:
+    picked: dict[tuple[int, ...], Prepared] = {}  # per-row inputs of the row subsets a batched hook runs
+
+    def block(index: int, hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        mine = prep if rows is None else picked.setdefault(tuple(rows.tolist()), pick_rows(prep, rows))
+
         def run(h: torch.Tensor) -> torch.Tensor:
-            return block_forward(model.blocks[index], h, prep, index)
+            return block_forward(model.blocks[index], h, mine, index)
 
         return run(hidden) if around_block is None else around_block(index, hidden, run)
 
     return drive_blocks(hook, branch, prep.hidden, len(model.blocks), block)
+
+
+def pick_rows(prep: Prepared, rows: torch.Tensor) -> Prepared:
+    """The batch rows ``rows`` of everything per row a block reads (rope is shared by every row)."""
+
+    batch = prep.hidden.shape[0]
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return t.index_select(0, rows.to(t.device)) if t.shape[0] == batch else t
+
+    img_kv = None if prep.image_kv is None else pick(prep.image_kv)
+    return Prepared(
+        prep.hidden, pick(prep.kv), pick(prep.modulation), prep.temb, prep.rotary, prep.grid, img_kv
+    )
 
 
 def shard_tokens(prep: Prepared) -> Prepared:
@@ -188,7 +206,7 @@ def wan_forward_kv(
     timestep: torch.Tensor,
     kv: torch.Tensor,
     around_block: AroundBlock | None = None,
-    hook: BlockHook | None = None,
+    hook: BlockHook | BlockHooks | None = None,
     branch: str = "main",
     img_kv: torch.Tensor | None = None,
 ) -> torch.Tensor:
