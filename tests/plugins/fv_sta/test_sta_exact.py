@@ -94,7 +94,8 @@ def test_masked_or_causal_calls_are_rejected():
 
 
 def test_gather_chunks_the_windows_without_changing_the_result(monkeypatch):
-    """A small chunk budget splits the 18 query tiles into chunks of 4 and a short last one."""
+    """A small chunk budget splits the 8 windows (2 of one query tile, 4 of two, 2 of four) into calls of
+    at most 4 windows."""
     import fv_sta.gather
 
     grid, tile, window = (5, 7, 9), (2, 4, 4), (2, 1, 2)
@@ -103,3 +104,28 @@ def test_gather_chunks_the_windows_without_changing_the_result(monkeypatch):
     per_tile = 2 * (2 * 2 * 4 * 32 * 16) * 4  # keys + values of one window, batch 2, 2 heads, fp32
     monkeypatch.setattr(fv_sta.gather, "CHUNK_BYTES", 4 * per_tile)
     assert torch.equal(StaGather()(q, k, v, grid=grid, tile=tile, window=window), whole)
+
+
+def compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def test_compiled_flex_compiles_once_per_shape_bucket():
+    """Grids of 12 to 16 tiles (320 to 512 tokens) share the 16-tile bucket: one compile serves them all;
+    a 64-tile grid is the next compile. Each call still equals dense attention under the STA mask."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    tile, window = (2, 4, 4), (1, 2, 2)
+    before = compiled_graphs()
+    for grid in [(5, 8, 8), (7, 8, 8), (4, 16, 8), (2, 12, 16), (5, 8, 8)]:
+        q, k, v = qkv(grid, heads=1, dim=8, batch=1)
+        out = StaFlex()(q, k, v, grid=grid, tile=tile, window=window)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=sta_dense_mask(grid, tile, window))
+        assert (out - ref).abs().max() <= 1e-5
+    assert compiled_graphs() - before == 1
+    q, k, v = qkv((8, 16, 16), heads=1, dim=8, batch=1)
+    StaFlex()(q, k, v, grid=(8, 16, 16), tile=tile, window=window)
+    assert compiled_graphs() - before == 2

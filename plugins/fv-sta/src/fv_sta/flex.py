@@ -7,6 +7,12 @@ blocks without padding are "full" (no per-token mask), blocks holding padding
 are "partial" and get a mask that hides the padded keys. The mask function
 states the whole STA rule (tile adjacency and real keys), so eager flex, which
 applies it everywhere, computes the same attention.
+
+Shapes are bucketed so a new sequence length does not recompile: the tile-major
+sequence is padded up to a power-of-two number of tiles, and every tensor the
+compiled kernel sees (q/k/v, block lists, the mask's lookup tables) has the
+bucket's shape. Padding tiles have no key blocks (the kernel skips them at no
+cost) and no real query sees them; their rows are dropped after the call.
 """
 
 from __future__ import annotations
@@ -15,27 +21,38 @@ from functools import cache, lru_cache
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from fv_sta.tiles import TileLayout, real_tokens, tile_neighbours
 
 
 def _split_full_partial(kv_blocks: torch.Tensor, padded: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Per query block: (num, indices) of full key blocks, then of partial ones, each ``[1, 1, ...]``."""
+    """Per query block: (num, indices) of full key blocks, then of partial ones, each ``[1, 1, ...]``.
+
+    ``padded`` covers the bucket's key blocks; query blocks past ``kv_blocks``' rows get no key blocks."""
     is_partial = padded[kv_blocks].to(torch.int8)
     counts = (is_partial.sum(1), (1 - is_partial).sum(1))
     order = torch.argsort(is_partial, dim=1, stable=True)  # full blocks first
     full = kv_blocks.gather(1, order)
     partial = kv_blocks.gather(1, order.flip(1))  # partial blocks first
-    width = padded.numel()  # rows padded to all key blocks; entries past the count are ignored
-    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+    blocks = padded.numel()  # rows padded to the bucket and to all key blocks; past a count: ignored
+    rows = blocks - kv_blocks.shape[0]
+    pad = lambda t: F.pad(t, (0, blocks - t.shape[1], 0, rows))  # noqa: E731
     as_mask = lambda t: t.to(torch.int32)[None, None].contiguous()  # noqa: E731
-    return as_mask(counts[1]), as_mask(pad(full)), as_mask(counts[0]), as_mask(pad(partial))
+    num = lambda t: as_mask(F.pad(t, (0, rows)))  # noqa: E731
+    return num(counts[1]), as_mask(pad(full)), num(counts[0]), as_mask(pad(partial))
+
+
+def bucket_tiles(num_tiles: int) -> int:
+    """Tiles in the shape bucket holding ``num_tiles``: the next power of two."""
+    return 1 << (num_tiles - 1).bit_length()
 
 
 @lru_cache(maxsize=64)
 def sta_block_mask(layout: TileLayout, block_size: int, device: str) -> BlockMask:
-    """The block mask of ``layout`` in tile-major order; cached per (grid, tile, window, block, device)."""
+    """The block mask of ``layout`` in tile-major order, padded to its bucket; cached per
+    (grid, tile, window, block, device)."""
     if layout.tile_volume % block_size:
         raise ValueError(
             f"STA block size {block_size} must divide the tile volume {layout.tile_volume} "
@@ -45,11 +62,12 @@ def sta_block_mask(layout: TileLayout, block_size: int, device: str) -> BlockMas
     neighbours = tile_neighbours(layout)  # [tiles, window tiles]
     kv_blocks = (neighbours[:, :, None] * split + torch.arange(split)).reshape(len(neighbours), -1)
     kv_blocks = kv_blocks.repeat_interleave(split, dim=0)  # every block of a query tile sees the same keys
-    real = real_tokens(layout)
+    tiles = bucket_tiles(layout.num_tiles)
+    real = F.pad(real_tokens(layout), (0, (tiles - layout.num_tiles) * layout.tile_volume))
     padded = ~real.reshape(-1, block_size).all(1)
     full_num, full_idx, part_num, part_idx = (t.to(device) for t in _split_full_partial(kv_blocks, padded))
-    adjacent = torch.zeros(layout.num_tiles, layout.num_tiles, dtype=torch.bool)
-    adjacent.scatter_(1, neighbours, True)
+    adjacent = torch.zeros(tiles, tiles, dtype=torch.bool)
+    adjacent[: layout.num_tiles].scatter_(1, neighbours, True)
     adjacent, real, volume = adjacent.to(device), real.to(device), layout.tile_volume
 
     def sta_rule(b: Any, h: Any, q: Any, kv: Any) -> Any:
@@ -62,7 +80,7 @@ def sta_block_mask(layout: TileLayout, block_size: int, device: str) -> BlockMas
         full_idx,
         BLOCK_SIZE=block_size,
         mask_mod=sta_rule,
-        seq_lengths=(layout.padded_len, layout.padded_len),
+        seq_lengths=(len(real), len(real)),
     )
 
 
@@ -83,4 +101,6 @@ def flex_sta(
     """Attention over tile-major ``[B, heads, padded_len, D]`` tensors within the tile window."""
     mask = sta_block_mask(layout, block_size, str(query.device))
     attend = _compiled_flex() if compiled else flex_attention
-    return attend(query, key, value, block_mask=mask, scale=scale)
+    extra = mask.seq_lengths[0] - layout.padded_len
+    q, k, v = (F.pad(t, (0, 0, 0, extra)) for t in (query, key, value))
+    return attend(q, k, v, block_mask=mask, scale=scale)[:, :, : layout.padded_len]

@@ -1,16 +1,19 @@
-"""STA by gathering each query tile's window and running SDPA on it: the CPU path.
+"""STA by gathering each window's key tiles once and running SDPA on them: the CPU path.
 
-With edge clamping every query tile sees the same number of key tiles, so the
-windows of a chunk of query tiles stack into one ``[B, heads*chunk, window
-tokens, D]`` key tensor and one SDPA call covers the chunk. Compute is exactly
-the kept blocks (no per-block mask evaluation), run by PyTorch's fused CPU
-attention kernel; the gather copies ``prod(window)`` key/value tiles per query
-tile. Padded key tokens (grids that do not divide into tiles) get a ``-inf``
-bias; grids that divide need no mask at all.
+With edge clamping, query tiles near a grid edge share one window (the same key
+tiles): on a grid of ``n`` tiles per axis there are only ``n - w + 1`` distinct
+windows along it. Query tiles are grouped by window, so the ``prod(window)`` key
+and value tiles of a window are copied once for all its query tiles, and windows
+holding the same number of query tiles stack into one ``[B, heads*windows,
+window tokens, D]`` SDPA call. Compute is exactly the kept blocks, run by
+PyTorch's fused CPU attention kernel. Padded key tokens (grids that do not
+divide into tiles) get a ``-inf`` bias; grids that divide need no mask.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -21,20 +24,33 @@ from fv_sta.tiles import TileLayout, real_tokens, tile_neighbours
 CHUNK_BYTES = 256 * 2**20  # gathered keys + values per SDPA call
 
 
-@lru_cache(maxsize=64)
-def _window_bias(layout: TileLayout, device: str) -> torch.Tensor | None:
-    """``[num_tiles, window tokens]`` additive bias hiding padded keys; None without padding."""
-    real = real_tokens(layout)
-    if bool(real.all()):
-        return None
-    keys = real.reshape(layout.num_tiles, layout.tile_volume)[tile_neighbours(layout)].flatten(1)
-    bias = torch.zeros(keys.shape).masked_fill_(~keys, float("-inf"))
-    return bias.to(device)
+@dataclass(frozen=True, slots=True)
+class WindowGroup:
+    """Windows that each serve the same number of query tiles."""
+
+    queries: torch.Tensor  # [windows, query tiles per window] query tile ids
+    keys: torch.Tensor  # [windows, prod(window)] key tile ids
+    bias: torch.Tensor | None  # [windows, window tokens] -inf on padded keys; None without padding
 
 
 @lru_cache(maxsize=64)
-def _neighbours(layout: TileLayout, device: str) -> torch.Tensor:
-    return tile_neighbours(layout).to(device)
+def window_groups(layout: TileLayout, device: str) -> tuple[WindowGroup, ...]:
+    """The distinct windows of ``layout``, grouped by how many query tiles share each."""
+    neighbours = tile_neighbours(layout)
+    windows, owner = torch.unique(neighbours, dim=0, return_inverse=True)
+    real = real_tokens(layout).reshape(layout.num_tiles, layout.tile_volume)
+    shared = torch.bincount(owner, minlength=len(windows))
+    groups = []
+    for count in shared.unique().tolist():
+        ids = (shared == count).nonzero().flatten()
+        queries = torch.stack([(owner == i).nonzero().flatten() for i in ids.tolist()])
+        keys = windows[ids]
+        bias = None
+        if not bool(real.all()):
+            visible = real[keys].flatten(1)
+            bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf")).to(device)
+        groups.append(WindowGroup(queries.to(device), keys.to(device), bias))
+    return tuple(groups)
 
 
 def gather_sta(
@@ -47,35 +63,35 @@ def gather_sta(
     """Attention over tile-major ``[B, heads, padded_len, D]`` tensors within the tile window."""
     batch, heads, _, dim = query.shape
     tiles, volume = layout.num_tiles, layout.tile_volume
-    device = str(query.device)
-    neighbours, bias = _neighbours(layout, device), _window_bias(layout, device)
-    window_len = neighbours.shape[1] * volume
     q, k, v = (t.reshape(batch, heads, tiles, volume, dim) for t in (query, key, value))
-    per_tile = batch * heads * window_len * dim
-    chunk = max(1, min(tiles, CHUNK_BYTES // (2 * per_tile * key.element_size())))
+    out = torch.empty_like(q)
+    window_len = volume * math.prod(layout.window)
+    per_window = batch * heads * window_len * dim  # elements of one window's keys
+    chunk = max(1, CHUNK_BYTES // (2 * per_window * key.element_size()))
     # One buffer per operand, reused by every chunk: fresh large allocations cost page faults
     # that take longer than the copy itself.
-    k_buf, v_buf = (t.new_empty(chunk * per_tile) for t in (key, value))
-    out = torch.empty_like(q)
-    for start in range(0, tiles, chunk):
-        ids = slice(start, min(start + chunk, tiles))
-        n = ids.stop - ids.start
-        rows = neighbours[ids].flatten()
+    k_buf, v_buf = (t.new_empty(min(chunk, tiles) * per_window) for t in (key, value))
+    for group in window_groups(layout, str(query.device)):
+        shared = group.queries.shape[1]
+        for start in range(0, len(group.keys), chunk):
+            ids = slice(start, start + chunk)
+            rows, keys = group.queries[ids].flatten(), group.keys[ids].flatten()
+            n = len(rows) // shared  # windows in this call
 
-        def window(t: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
-            dest = buf[: n * per_tile].view(batch, heads, len(rows), volume, dim)  # noqa: B023
-            torch.index_select(t, 2, rows, out=dest)  # noqa: B023
-            return dest.view(batch, heads * n, window_len, dim)  # noqa: B023
+            def window(t: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+                dest = buf[: n * per_window].view(batch, heads, len(keys), volume, dim)  # noqa: B023
+                torch.index_select(t, 2, keys, out=dest)  # noqa: B023
+                return dest.view(batch, heads * n, window_len, dim)  # noqa: B023
 
-        mask = None
-        if bias is not None:  # [1, heads * n, 1, window_len], one row per query tile
-            mask = bias[ids].expand(heads, n, window_len).reshape(1, heads * n, 1, window_len)
-        part = F.scaled_dot_product_attention(
-            q[:, :, ids].reshape(batch, heads * n, volume, dim),
-            window(k, k_buf),
-            window(v, v_buf),
-            mask,
-            scale=scale,
-        )
-        out[:, :, ids] = part.view(batch, heads, n, volume, dim)
+            mask = None
+            if group.bias is not None:  # [1, heads * n, 1, window_len], one row per window
+                mask = group.bias[ids].expand(heads, n, window_len).reshape(1, heads * n, 1, window_len)
+            part = F.scaled_dot_product_attention(
+                q.index_select(2, rows).view(batch, heads * n, shared * volume, dim),
+                window(k, k_buf),
+                window(v, v_buf),
+                mask,
+                scale=scale,
+            )
+            out.index_copy_(2, rows, part.view(batch, heads, len(rows), volume, dim))
     return out.reshape(batch, heads, tiles * volume, dim)
