@@ -6,7 +6,7 @@ once whatever the worker is doing: the queue limit is counted here (QueueFull),
 and a request the worker cannot admit (AdmissionInfeasible, a failing init)
 ends with that error on its stream. API::
 
-    aengine = AsyncEngine(Engine(budget=...), batching=True)
+    aengine = AsyncEngine(Engine(budget=...), batching=True, freeze_heap=False)
     async with aengine:                                   # start() / stop()
         rid = await aengine.submit(loop, request, instance)   # QueueFull raises here
         async for event in aengine.stream(rid): ...       # progress ... then done / error / cancelled
@@ -27,6 +27,7 @@ from fv_core.errors import Cancelled, ConfigError, QueueFull
 from fv_core.loop.contracts import LoopResult, StreamEvent
 from fv_core.request import TERMINAL_EVENTS
 from fv_core.runtime.engine import Engine
+from fv_core.runtime.engine import freeze_heap as freeze_loaded_heap
 
 
 @dataclass(slots=True)
@@ -40,9 +41,12 @@ class _Record:
 class AsyncEngine:
     """Submit / stream / cancel / result over one worker thread."""
 
-    def __init__(self, engine: Engine | None = None, *, batching: bool = True) -> None:
+    def __init__(
+        self, engine: Engine | None = None, *, batching: bool = True, freeze_heap: bool = False
+    ) -> None:
         self.engine = engine or Engine()
         self.batching = batching
+        self.freeze_heap = freeze_heap  # on start, leave the loaded heap out of GC scans (see freeze_heap)
         self._commands: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
         self._records: dict[str, _Record] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -65,6 +69,8 @@ class AsyncEngine:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.freeze_heap:
+            freeze_loaded_heap()
         self._sched = self.engine.scheduler(self.batching)
         self._sched.on_event = self._on_event
         self._thread = threading.Thread(target=self._work, name="fv-engine", daemon=True)

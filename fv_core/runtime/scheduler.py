@@ -25,7 +25,7 @@ from typing import Any
 from fv_core.errors import Cancelled, ConfigError, QueueFull
 from fv_core.loop.context import LoopContext
 from fv_core.loop.contracts import Done, Loop, LoopResult, LoopState, StepResult, StreamEvent, WorkPlan
-from fv_core.loop.runner import ActiveLoop, LoopRunner
+from fv_core.loop.runner import ActiveLoop, LoopRunner, run_plan
 from fv_core.program.program import Program
 from fv_core.request.cancel import CancelScope
 from fv_core.runtime.admission import AdmissionController, Estimate, Reservation
@@ -78,18 +78,22 @@ class Entry:
 
 @dataclass(slots=True)
 class Batch:
-    """Plans run as one call."""
+    """Plans of two or more requests run as one call."""
 
     entries: list[Entry]  # owners, one per plan
-    plans: list[WorkPlan]  # equal batch keys (or a single plan)
+    plans: list[WorkPlan]  # equal batch keys
     rows: int = 0  # sum of batch_size
+
+
+Call = Entry | Batch  # one body call: a lone entry's pending plan, or a batch
+Outcome = StepResult | list[StepResult] | BaseException  # what a call returned (per plan for a batch)
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
     """What one tick decided."""
 
-    batches: list[Batch]  # calls to make
+    calls: list[Call]  # body calls to make, in service order
     finished: list[Entry]  # loops whose next() returned Done
 
 
@@ -184,64 +188,88 @@ class Scheduler:
         self.running.extend(selected)
         return SchedulerOutput(self._group(selected), finished)
 
-    def execute(self, out: SchedulerOutput) -> list[list[StepResult] | BaseException]:
-        """Run each batch: interceptors may answer plans; the rest run as one call."""
-        results: list[list[StepResult] | BaseException] = []
-        for batch in out.batches:
+    def execute(self, out: SchedulerOutput) -> list[Outcome]:
+        """Run each call: interceptors may answer plans; the rest run as one body call."""
+        results: list[Outcome] = []
+        for call in out.calls:
             try:
-                answers = [
-                    self.runner.before(e.active_loop, p)
-                    for e, p in zip(batch.entries, batch.plans, strict=True)
-                ]
-                todo = [i for i, a in enumerate(answers) if a is None]
-                if todo:
-                    ran = run_batch([batch.plans[i] for i in todo], self.ctx.profile)
-                    for i, r in zip(todo, ran, strict=True):
-                        answers[i] = r
-                results.append(answers)  # type: ignore[arg-type]
-            except Exception as exc:  # a failing body fails the requests of its batch only
+                results.append(self._run_alone(call) if isinstance(call, Entry) else self._run_batch(call))
+            except Exception as exc:  # a failing body fails the requests of its call only
                 results.append(exc)
         return results
 
-    def update(self, out: SchedulerOutput, results: list[list[StepResult] | BaseException]) -> None:
+    def update(self, out: SchedulerOutput, results: list[Outcome]) -> None:
         """Fold results back, stream events, spend reservations, finish Done loops."""
-        for batch, res in zip(out.batches, results, strict=True):
-            for i, (entry, plan) in enumerate(zip(batch.entries, batch.plans, strict=True)):
-                if isinstance(res, BaseException):
-                    self._fail(entry, res)
-                    continue
-                try:
-                    assert entry.reservation is not None, "a scheduled entry is running, hence reserved"
-                    self.admission.consume(entry.reservation, plan.cost_s * entry.ratio)
-                    events = self.runner.complete(entry.active_loop, plan, res[i])
-                except Exception as exc:
-                    self._fail(entry, exc)
-                    continue
-                entry.pending = None
-                for event in events:
-                    self._emit(event)
+        for call, res in zip(out.calls, results, strict=True):
+            if isinstance(call, Entry):
+                assert not isinstance(res, list), "a lone call returns one result"
+                self._fold(call, res)
+            else:
+                for i, entry in enumerate(call.entries):
+                    self._fold(entry, res[i] if isinstance(res, list) else res)
         for entry in out.finished:
             self._finish_stage(entry)
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _group(self, selected: list[Entry]) -> list[Batch]:
-        groups: dict[Any, Batch] = {}
-        batches: list[Batch] = []
+    def _run_alone(self, entry: Entry) -> StepResult:
+        plan = entry.pending
+        assert isinstance(plan, WorkPlan), "a scheduled entry has a pending WorkPlan"
+        return self.runner.before(entry.active_loop, plan) or run_plan(plan, self.ctx.profile)
+
+    def _run_batch(self, batch: Batch) -> list[StepResult]:
+        answers = [
+            self.runner.before(e.active_loop, p) for e, p in zip(batch.entries, batch.plans, strict=True)
+        ]
+        todo = [i for i, a in enumerate(answers) if a is None]
+        if todo:
+            ran = run_batch([batch.plans[i] for i in todo], self.ctx.profile)
+            for i, r in zip(todo, ran, strict=True):
+                answers[i] = r
+        return answers  # type: ignore[return-value]
+
+    def _fold(self, entry: Entry, res: StepResult | BaseException) -> None:
+        """Spend the step's share of the reservation and fold its result into the loop."""
+        if isinstance(res, BaseException):
+            self._fail(entry, res)
+            return
+        plan = entry.pending
+        try:
+            assert isinstance(plan, WorkPlan), "a scheduled entry has a pending WorkPlan"
+            assert entry.reservation is not None, "a scheduled entry is running, hence reserved"
+            self.admission.consume(entry.reservation, plan.cost_s * entry.ratio)
+            events = self.runner.complete(entry.active_loop, plan, res)
+        except Exception as exc:
+            self._fail(entry, exc)
+            return
+        entry.pending = None
+        for event in events:
+            self._emit(event)
+
+    def _group(self, selected: list[Entry]) -> list[Call]:
+        """Plans with equal batch keys join one Batch (up to max_batch_rows); the others run alone."""
+        calls: list[Call] = []
+        open_at: dict[Any, int] = {}  # batch key -> index in calls of the call still taking rows
         for entry in selected:
             plan = entry.pending
             assert isinstance(plan, WorkPlan), "schedule() selects only entries with a pending WorkPlan"
-            key = plan.batch_key if self.config.batching and plan.batch_key is not None else None
-            batch = groups.get(key) if key is not None else None
-            if batch is None or batch.rows + plan.batch_size > self.config.max_batch_rows:
-                batch = Batch([], [])
-                batches.append(batch)
-                if key is not None:
-                    groups[key] = batch
-            batch.entries.append(entry)
-            batch.plans.append(plan)
-            batch.rows += plan.batch_size
-        return batches
+            key = plan.batch_key if self.config.batching else None
+            at = open_at.get(key) if key is not None else None
+            if at is not None:
+                call = calls[at]
+                if isinstance(call, Entry):  # a second plan joins: the lone entry becomes a batch
+                    first = call.pending
+                    assert isinstance(first, WorkPlan), "a lone call's entry has a pending WorkPlan"
+                    call = calls[at] = Batch([call], [first], first.batch_size)
+                if call.rows + plan.batch_size <= self.config.max_batch_rows:
+                    call.entries.append(entry)
+                    call.plans.append(plan)
+                    call.rows += plan.batch_size
+                    continue
+            if key is not None:
+                open_at[key] = len(calls)
+            calls.append(entry)
+        return calls
 
     def _plan(self, entry: Entry) -> WorkPlan | Done:
         active = entry.active_loop

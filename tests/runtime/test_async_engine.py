@@ -1,6 +1,7 @@
 """AsyncEngine: submit, stream, cancel, result; model work off the event loop."""
 
 import asyncio
+import gc
 import threading
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from fv_core.errors import AdmissionInfeasible, Cancelled
 from fv_core.request import Request
 from fv_core.runtime import AsyncEngine, Budget, Engine
-from tests.runtime.synthetic import DenoiseLoop
+from tests.runtime.synthetic import DenoiseLoop, NullLoop
 
 
 class _ThreadProbe:
@@ -81,3 +82,16 @@ def test_submit_answers_while_the_worker_is_busy(model):
             return submitted_while_held
 
     assert asyncio.run(main())
+
+
+def test_freeze_heap_on_start_leaves_the_loaded_heap_out_of_gc_scans(model):
+    async def main():
+        async with AsyncEngine(Engine(), freeze_heap=True) as aengine:
+            rid = await aengine.submit(NullLoop(), Request("f", params={"steps": 2}), None)
+            assert (await aengine.result(rid)).metrics["steps"] == 2
+            return gc.get_freeze_count()
+
+    try:
+        assert asyncio.run(main()) > 1000  # torch and the test's objects were frozen at start
+    finally:
+        gc.unfreeze()
