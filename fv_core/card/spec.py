@@ -118,13 +118,19 @@ class CapabilityMatrix(Spec):
     max_resolution: tuple[int, int] | None = None  # (height, width)
 
 
+DEFAULT_CACHE_BYTES = 64 << 20  # a cache's byte budget unless the card sets one
+
+
 class CacheContract(Spec):
     """A cache a loop may use, with every key field that can change the output."""
 
     kind: Literal["feature", "residual", "kv"]
     key_fields: list[str]  # CacheKey fields, e.g. model, component, weights_version, content_hash
     component: str | None = None  # component whose weights version scopes the entries
-    capacity: int = 256  # max entries
+    capacity: int = Field(default=256, ge=1)  # max entries
+    # byte budget: LRU entries are evicted until the stored bytes fit; an instance's resident bytes
+    # (what admission reserves) count each cache at this budget. None: bounded by ``capacity`` only.
+    max_bytes: int | None = Field(default=DEFAULT_CACHE_BYTES, ge=1)
 
 
 class ParallelismContract(Spec):

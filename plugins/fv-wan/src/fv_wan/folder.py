@@ -66,7 +66,7 @@ class WanFolder:
                 config=architecture_of(variant),
                 max_frames=None,
                 max_resolution=None,
-                kv_capacity=8,
+                kv_capacity=256,  # entries; the text_kv byte budget binds first
             ),
             folder,
         )

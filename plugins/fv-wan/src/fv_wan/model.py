@@ -3,8 +3,9 @@
 Components load lazily, when a request's work first needs them, and are
 shared by every request on the instance: Wan2.2 A14B's low-noise expert is
 loaded by the first step that runs on it, CLIP by the first I2V request. The
-instance also owns the text-embedding FeatureCache and each component's
-weights version, which scopes that cache, and the kernels it runs: an
+instance also owns the text-embedding and text K/V FeatureCaches (bounded by
+the card's byte budgets, which its resident bytes count for admission) and
+each component's weights version, which scopes them, and the kernels it runs: an
 attention kernel resolved by the core (``kernels``) runs every block's
 self-attention and is reported, with the path each result took, in its metrics.
 """
@@ -19,7 +20,8 @@ from typing import Any
 
 import torch
 
-from fv_core import ConfigError, FeatureCache, ModelCard
+from fv_core import CacheContract, ConfigError, FeatureCache, ModelCard
+from fv_core.cache import RepeatedTail, fold_tail
 from fv_core.weights import weights_fingerprint
 from fv_wan.attention import describe, grid_of, install
 from fv_wan.checkpoint import check_layout, load_component, load_scheduler_config
@@ -45,10 +47,12 @@ class WanModel:
         self.device = torch.device(device)
         self.dtype = getattr(torch, card.precision.default)
         self.scheduler_config = load_scheduler_config(self.weights)
-        self.feature_cache = FeatureCache(
-            card.caches["text_embeddings"].capacity
-        )  # prompt -> UMT5 embeddings
-        self.kv_cache = FeatureCache(card.caches["text_kv"].capacity)  # prompt -> per-block text keys/values
+        caches = card.caches
+        self.feature_cache = _cache(caches["text_embeddings"])  # prompt -> UMT5 embeddings
+        # prompt -> per-block text keys/values, stored without the repeats of their padding rows
+        self.kv_cache = _cache(
+            caches["text_kv"], pack=lambda kv: fold_tail(kv, -2), unpack=RepeatedTail.expand
+        )
         self.weights_versions = {
             name: weights_fingerprint(self.weights, spec.subfolder or name)
             for name, spec in card.components.items()
@@ -93,9 +97,18 @@ class WanModel:
         return {"attention": describe(impl, record, self.card.model_id, grid, probe)}
 
     def resident_bytes(self) -> int:
-        """Bytes of the resident components' parameters and buffers (read by admission)."""
+        """Bytes admission reserves for this instance: the resident components' parameters and buffers,
+        plus each cache at its byte budget (it may fill to it while admitted requests run)."""
+        return self.weights_bytes() + sum(_reserve(c) for c in (self.feature_cache, self.kv_cache))
+
+    def weights_bytes(self) -> int:
+        """Bytes of the resident components' parameters and buffers."""
         modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
         return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes each cache holds now."""
+        return {"text_embeddings": self.feature_cache.nbytes, "text_kv": self.kv_cache.nbytes}
 
     def parallel_shape(self) -> dict[str, int]:
         """What a parallel plan is checked against: attention heads (Ulysses shards them) and the
@@ -133,6 +146,15 @@ class WanModel:
         if component == "text_encoder":
             return dropped + self.kv_cache.invalidate()
         return dropped + self.kv_cache.invalidate(component=component, weights_version=old)
+
+
+def _cache(contract: CacheContract, **codec: Any) -> FeatureCache:
+    return FeatureCache(contract.capacity, contract.max_bytes, **codec)
+
+
+def _reserve(cache: FeatureCache) -> int:
+    """A cache's share of resident bytes: its budget, or what it holds when it has none."""
+    return cache.nbytes if cache.max_bytes is None else cache.max_bytes
 
 
 def _check_kernels(
