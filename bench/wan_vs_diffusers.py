@@ -2,12 +2,26 @@
 
 Usage: python bench/wan_vs_diffusers.py [--steps 4] [--rounds 2] [--threads 1] [--out PATH]
 
-Each side runs in its own subprocess (so peak RSS is per side), alternating
-for ``--rounds`` rounds; timings are the best over rounds, which damps noise
-from other processes on a shared machine. The parent writes one JSON with: single-request latency (fv with batched CFG and a warm
-text-embedding cache vs diffusers), 8-concurrent throughput (fv Engine.run_batched
-vs diffusers called serially), fv's runtime overhead per step outside model
-calls, and peak RSS of both. Weights are random: this measures speed only.
+Each side runs in its own subprocess, alternating for ``--rounds`` rounds;
+timings are the best over rounds, which damps noise from other processes on a
+shared machine. The parent writes one JSON with: single-request latency (fv
+with batched CFG and a warm text-embedding cache vs diffusers), 8-concurrent
+throughput (fv Engine.run_batched vs diffusers called serially), fv's runtime
+overhead per step outside model calls, and memory.
+
+Memory, made fair: the two sides never share a process, and each side's peak
+RSS is taken per scenario (the kernel's high-water mark, reset through
+``/proc/self/clear_refs`` before the scenario; after loading and warming, so it
+includes imports, weights and warm caches): ``single`` is one request,
+``concurrent_8`` is fv's 8 batched requests against diffusers' 8 serial calls
+(what each side holds while serving the same 8 requests). Every round runs
+twice per side, with glibc's default allocator policy and with a fixed mmap
+threshold (``MALLOC_MMAP_THRESHOLD_``, the same for both sides), since glibc's
+dynamic threshold keeps freed large tensors in the heap (``allocator slack``).
+fv's breakdown: imports, weights, cache bytes, the per-request text K/V its
+loop state holds (half of it the CFG negative branch), the scenario's growth
+over the resident set (activations and step inputs), and the slack
+``malloc_trim`` returns at the end. Weights are random: this measures speed only.
 """
 
 from __future__ import annotations
@@ -39,8 +53,42 @@ NEGATIVE = "blurry low quality worst quality"
 REPEATS = 2
 
 
+MIB = 1 << 20
+MMAP_THRESHOLD = str(1 << 20)  # the fixed-threshold allocator policy (bytes)
+
+
 def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak RSS since the last :func:`reset_peak` (kernel high-water mark; else the process's peak)."""
+    try:
+        return rss_mib("VmHWM")
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mib(field: str = "VmRSS") -> float:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith(field + ":"))
+
+
+def reset_peak() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pass
+
+
+def trimmed_mib() -> float:
+    """RSS returned by collecting garbage and ``malloc_trim`` (glibc)."""
+    import ctypes
+    import gc
+
+    before = rss_mib()
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        return 0.0
+    return before - rss_mib()
 
 
 def best(fn, repeats: int = REPEATS) -> float:
@@ -56,6 +104,7 @@ def side_diffusers(weights: str, steps: int) -> dict:
     import torch
     from diffusers import WanPipeline
 
+    imports = rss_mib()
     pipe = WanPipeline.from_pretrained(weights)
     pipe.set_progress_bar_config(disable=True)
 
@@ -70,10 +119,15 @@ def side_diffusers(weights: str, steps: int) -> dict:
             **SIZE,
         )
 
+    loaded = rss_mib()
     with torch.no_grad():
         one(0)  # warm-up
+        reset_peak()
         single = best(lambda: one(0))
+        peak_single = peak_rss_mib()
+        reset_peak()
         serial8 = best(lambda: [one(i) for i in range(8)], repeats=1)
+        peak_8 = peak_rss_mib()
         x = torch.randn(1, 16, (SIZE["num_frames"] - 1) // 4 + 1, SIZE["height"] // 8, SIZE["width"] // 8)
         text = torch.randn(1, 512, pipe.transformer.config.text_dim)
         call = best(lambda: pipe.transformer(x, torch.tensor([500]), text, return_dict=False), repeats=5)
@@ -83,17 +137,30 @@ def side_diffusers(weights: str, steps: int) -> dict:
         serial8_s=serial8,
         transformer_call_s=call,
         transformer_params=params,
-        peak_rss_mib=peak_rss_mib(),
+        peak_single_mib=peak_single,
+        peak_8_mib=peak_8,
+        imports_mib=imports,
+        loaded_mib=loaded,
+        weights_mib=sum(
+            t.nbytes
+            for m in pipe.components.values()
+            if isinstance(m, torch.nn.Module)
+            for t in (*m.parameters(), *m.buffers())
+        )
+        / MIB,
+        slack_mib=trimmed_mib(),
     )
 
 
-def side_fv(weights: str, steps: int) -> dict:
+def side_fv(weights: str, steps: int, batch_rows: int = 8) -> dict:
     import torch
 
     import fv_core
     from fv_core.runtime import Engine
 
+    imports = rss_mib()  # fv's own imports; diffusers / transformers load with the components
     model = fv_core.load(weights)  # the card is built from the medium folder's own configs
+    inst = model.instance
 
     def req(i: int, rid: str, cfg_mode: str = "batched"):
         params = dict(
@@ -127,13 +194,22 @@ def side_fv(weights: str, steps: int) -> dict:
     with torch.no_grad():
         Engine().run_one(*req(0, "warm"))  # loads components, warms the text cache
         two_forward = best(lambda: Engine().run_one(*req(0, "tf", "two_forward")))
+        resident_single = rss_mib()
+        reset_peak()
         single = best(lambda: Engine().run_one(*req(0, "s")))
+        peak_single = peak_rss_mib()
         items = lambda: [req(i, f"c{i}") for i in range(8)]  # noqa: E731
-        Engine().run_batched(items())  # warm the 8 prompts
-        batched8 = best(lambda: Engine().run_batched(items()), repeats=1)
+        Engine(max_batch_rows=batch_rows).run_batched(items())  # warm the 8 prompts
+        resident_8 = rss_mib()
+        reset_peak()
+        batched8 = best(lambda: Engine(max_batch_rows=batch_rows).run_batched(items()), repeats=1)
+        peak_8 = peak_rss_mib()
         clock = StepClock()
         Engine(observers=(clock,)).run_one(*req(0, "o"))
     # between two denoise bodies: observers, advance (CFG combine, sampler update), next, scheduling
+    dit = inst.component("transformer").config
+    dim = dit.num_attention_heads * dit.attention_head_dim
+    kv_state = 2 * dit.num_layers * 2 * 512 * dim * 4  # [cond, uncond] x blocks x (k, v) x 512 x dim fp32
     gaps = [b - a - body for a, b, body in zip(clock.ends, clock.ends[1:], clock.bodies[1:], strict=False)]
     overhead, step = sum(gaps) / len(gaps), sum(clock.bodies) / len(clock.bodies)
     return dict(
@@ -143,7 +219,15 @@ def side_fv(weights: str, steps: int) -> dict:
         overhead_per_step_s=overhead,
         denoise_step_s=step,
         overhead_fraction=overhead / step,
-        peak_rss_mib=peak_rss_mib(),
+        peak_single_mib=peak_single,
+        peak_8_mib=peak_8,
+        imports_mib=imports,
+        weights_mib=inst.weights_bytes() / MIB,
+        **{f"cache_{k}_mib": v / MIB for k, v in inst.cache_bytes().items()},
+        text_kv_state_per_request_mib=kv_state / MIB,
+        growth_single_mib=peak_single - resident_single,
+        growth_8_mib=peak_8 - resident_8,
+        slack_mib=trimmed_mib(),
     )
 
 
@@ -152,6 +236,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per side")
+    ap.add_argument("--batch-rows", type=int, default=8, help="fv Engine max_batch_rows for the 8 requests")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "wan_vs_diffusers.json"))
     ap.add_argument("--side", choices=["fv", "diffusers"], help=argparse.SUPPRESS)
     ap.add_argument("--weights", help=argparse.SUPPRESS)
@@ -161,25 +246,29 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
         torch.manual_seed(0)
+        extra = {"batch_rows": args.batch_rows} if args.side == "fv" else {}
         fn = side_fv if args.side == "fv" else side_diffusers
-        print(json.dumps(fn(args.weights, args.steps)))
+        print(json.dumps(fn(args.weights, args.steps, **extra)))
         return
 
     from fv_wan.tiny import write_tiny_checkpoint
 
-    runs: dict[str, list[dict]] = {"diffusers": [], "fv": []}
+    allocators = {"default": {}, "mmap_threshold_1MiB": {"MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD}}
+    runs: dict[tuple[str, str], list[dict]] = {(s, a): [] for a in allocators for s in ("diffusers", "fv")}
     with tempfile.TemporaryDirectory() as tmp:
         weights = Path(tmp) / "wan-medium"
         write_tiny_checkpoint(weights, transformer=MEDIUM)
         for _ in range(args.rounds):
-            for side in runs:
+            for side, alloc in runs:
                 cmd = [sys.executable, __file__, "--side", side, "--weights", str(weights)]
                 cmd += ["--steps", str(args.steps), "--threads", str(args.threads)]
-                done = subprocess.run(cmd, capture_output=True, text=True)
+                cmd += ["--batch-rows", str(args.batch_rows)]
+                env = {**os.environ, **allocators[alloc]}
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if done.returncode:
                     sys.exit(f"{side} side failed:\n{done.stderr[-4000:]}")
-                runs[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    df, fv = best_of(runs["diffusers"]), best_of(runs["fv"])
+                runs[side, alloc].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    df, fv = best_of(runs["diffusers", "default"]), best_of(runs["fv", "default"])
     result = {
         "checkpoint": {
             "transformer": MEDIUM,
@@ -206,7 +295,8 @@ def main() -> None:
             "diffusers_serial_s": df["serial8_s"],
             "fv_batched_s": fv["batched8_s"],
             "throughput_ratio": df["serial8_s"] / fv["batched8_s"],
-            "goal": ">= 1.3",
+            "fv_max_batch_rows": args.batch_rows,
+            "goal": ">= 1.3 (issue #19: >= 3)",
         },
         "runtime_overhead": {
             "per_step_s": fv["overhead_per_step_s"],
@@ -215,16 +305,67 @@ def main() -> None:
             "goal": "< 0.01",
             "note": "fv wall time between consecutive denoise bodies (advance: CFG combine + sampler; next; engine)",
         },
-        "peak_rss_mib": {"fv": fv["peak_rss_mib"], "diffusers": df["peak_rss_mib"]},
+        "peak_rss_mib": {alloc: memory(runs, alloc) for alloc in allocators},
+        "memory_breakdown_mib": {
+            alloc: {side: breakdown(best_of(runs[side, alloc])) for side in ("fv", "diffusers")}
+            for alloc in allocators
+        },
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
+    plot(result, Path(args.out).with_suffix(".png"))
     print(json.dumps(result, indent=2))
 
 
+def memory(runs: dict, alloc: str) -> dict:
+    """Per scenario: each side's peak RSS (MiB, the maximum over rounds) and fv / diffusers."""
+    fv, df = best_of(runs["fv", alloc]), best_of(runs["diffusers", alloc])
+    out = {}
+    for scenario in ("single", "8"):
+        a, b = fv[f"peak_{scenario}_mib"], df[f"peak_{scenario}_mib"]
+        out["single" if scenario == "single" else "concurrent_8"] = {"fv": a, "diffusers": b, "ratio": a / b}
+    return out
+
+
+def breakdown(side: dict) -> dict:
+    """The memory fields of one side's best-of-rounds record."""
+    skip = ("peak_single_mib", "peak_8_mib")
+    return {
+        k.removesuffix("_mib"): round(v, 1) for k, v in side.items() if k.endswith("_mib") and k not in skip
+    }
+
+
 def best_of(rounds: list[dict]) -> dict:
-    """Per metric: the minimum over rounds (the maximum for peak RSS)."""
-    return {k: (max if k == "peak_rss_mib" else min)(r[k] for r in rounds) for k in rounds[0]}
+    """Per metric: the minimum over rounds (the maximum for memory)."""
+    return {k: (max if k.endswith("_mib") else min)(r[k] for r in rounds) for k in rounds[0]}
+
+
+def plot(result: dict, path: Path) -> None:
+    """Peak RSS bars per scenario and allocator policy, fv beside diffusers."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    labels, fv, df = [], [], []
+    for alloc, scenarios in result["peak_rss_mib"].items():
+        for scenario, row in scenarios.items():
+            labels.append(f"{scenario}\n{alloc}")
+            fv.append(row["fv"])
+            df.append(row["diffusers"])
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], fv, 0.4, label="fv")
+    ax.bar([x + 0.2 for x in xs], df, 0.4, label="diffusers")
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("peak RSS (MiB)")
+    ax.set_title("medium Wan, CPU: peak RSS per scenario (separate processes)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
