@@ -27,7 +27,6 @@ from fv_core.loop.context import LoopContext
 from fv_core.loop.contracts import Done, Loop, LoopResult, LoopState, StepResult, StreamEvent, WorkPlan
 from fv_core.loop.runner import ActiveLoop, LoopRunner, run_plan
 from fv_core.program.program import Program
-from fv_core.request.cancel import CancelScope
 from fv_core.runtime.admission import AdmissionController, Estimate, Reservation
 from fv_core.runtime.batching import run_batch
 from fv_core.runtime.cost import CostModel, calibration_key
@@ -52,7 +51,7 @@ class Entry:
     request: Any  # the request as submitted (program-level for programs)
     runnable: Loop | Program  # what the request runs
     instance: Any  # live instance every stage is bound to
-    scope: CancelScope = field(default_factory=CancelScope)  # cancellation flag
+    cancel_reason: str | None = None  # set by cancel(), applied at the next step boundary
     phase: str = "new"  # new -> waiting -> running -> finished
     seq: int = 0  # submit order (FIFO tie-break)
     stage: int = 0  # current program stage (0 for a plain loop)
@@ -149,7 +148,7 @@ class Scheduler:
         entry = self.entries.get(request_id)
         if entry is None:
             return False
-        entry.scope.cancel(reason)
+        entry.cancel_reason = reason
         self._cancel_ids.add(request_id)
         return True
 
@@ -325,7 +324,7 @@ class Scheduler:
         while self._cancel_ids:
             entry = self.entries.get(self._cancel_ids.pop())
             if entry is not None and entry.phase in ("waiting", "running"):
-                error = Cancelled(f"request {entry.request_id!r} was cancelled: {entry.scope.reason}")
+                error = Cancelled(f"request {entry.request_id!r} was cancelled: {entry.cancel_reason}")
                 self._close(
                     entry,
                     error,
