@@ -129,3 +129,17 @@ def test_compiled_flex_compiles_once_per_shape_bucket():
     q, k, v = qkv((8, 16, 16), heads=1, dim=8, batch=1)
     StaFlex()(q, k, v, grid=(8, 16, 16), tile=tile, window=window)
     assert compiled_graphs() - before == 2
+
+
+def test_shapes_past_the_recompile_limit_run_the_gather_kernel():
+    """Past dynamo's recompile_limit flex would run unfused (every score materialized): gather runs instead."""
+    import fv_sta.flex
+
+    grid, tile, window = (4, 8, 8), (2, 4, 4), (1, 2, 2)
+    q, k, v = qkv(grid, heads=3, dim=8, batch=1)  # a shape no other test compiles
+    before = compiled_graphs()
+    full = torch._dynamo.config.patch(recompile_limit=len(fv_sta.flex._COMPILED_SHAPES))
+    with full, pytest.warns(UserWarning, match="recompile_limit"):
+        out = StaFlex()(q, k, v, grid=grid, tile=tile, window=window)
+    assert compiled_graphs() == before
+    assert torch.equal(out, StaGather()(q, k, v, grid=grid, tile=tile, window=window))

@@ -13,10 +13,15 @@ sequence is padded up to a power-of-two number of tiles, and every tensor the
 compiled kernel sees (q/k/v, block lists, the mask's lookup tables) has the
 bucket's shape. Padding tiles have no key blocks (the kernel skips them at no
 cost) and no real query sees them; their rows are dropped after the call.
+Dynamo keeps at most ``recompile_limit`` graphs of ``flex_attention``; past it,
+flex silently runs unfused and materializes every score (gigabytes at 16k
+tokens), so a shape that would need one more graph runs the gather kernel
+instead (same result), with a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from functools import cache, lru_cache
 from typing import Any
 
@@ -89,6 +94,28 @@ def _compiled_flex() -> Any:
     return torch.compile(flex_attention, dynamic=False)
 
 
+_COMPILED_SHAPES: set[tuple] = (
+    set()
+)  # shapes compiled flex has graphs for (one per bucket, batch, heads, ...)
+
+
+def _within_compile_limit(q: torch.Tensor, mask: BlockMask) -> bool:
+    """Whether compiled flex has, or may add, a graph for this call's shapes."""
+    key = (tuple(q.shape[:2]), q.shape[-1], mask.seq_lengths, mask.BLOCK_SIZE, q.dtype, q.device)
+    if key in _COMPILED_SHAPES:
+        return True
+    if len(_COMPILED_SHAPES) >= torch._dynamo.config.recompile_limit:
+        warnings.warn(
+            f"STA: compiled flex already holds {len(_COMPILED_SHAPES)} shapes (dynamo's recompile_limit); "
+            f"shape {key} runs the gather kernel. Fix: fewer distinct (batch, heads, bucket) shapes, or "
+            "raise torch._dynamo.config.recompile_limit.",
+            stacklevel=3,
+        )
+        return False
+    _COMPILED_SHAPES.add(key)
+    return True
+
+
 def flex_sta(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -100,6 +127,10 @@ def flex_sta(
 ) -> torch.Tensor:
     """Attention over tile-major ``[B, heads, padded_len, D]`` tensors within the tile window."""
     mask = sta_block_mask(layout, block_size, str(query.device))
+    if compiled and not _within_compile_limit(query, mask):
+        from fv_sta.gather import gather_sta
+
+        return gather_sta(query, key, value, layout, scale)
     attend = _compiled_flex() if compiled else flex_attention
     extra = mask.seq_lengths[0] - layout.padded_len
     q, k, v = (F.pad(t, (0, 0, 0, extra)) for t in (query, key, value))
