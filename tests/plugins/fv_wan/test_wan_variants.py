@@ -157,14 +157,22 @@ def test_batched_a14b_requests_never_mix_experts(variant_models, monkeypatch):
     from fv_core.runtime import scheduler
 
     model, batches = variant_models[2], []
-    real = scheduler.run_batch
+    batched, alone = scheduler.run_batch, scheduler.run_plan
 
-    def spy(plans, profile):
+    def seen(plans):
         if plans[0].label.startswith("denoise"):
             batches.append([(p.label, p.batch_key.instance) for p in plans])
-        return real(plans, profile)
 
-    monkeypatch.setattr(scheduler, "run_batch", spy)
+    def spy_batched(plans, profile):
+        seen(plans)
+        return batched(plans, profile)
+
+    def spy_alone(plan, profile):  # the scheduler runs a lone plan without the batcher
+        seen([plan])
+        return alone(plan, profile)
+
+    monkeypatch.setattr(scheduler, "run_batch", spy_batched)
+    monkeypatch.setattr(scheduler, "run_plan", spy_alone)
 
     def item(rid, steps):
         raw = {
