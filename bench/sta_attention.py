@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -92,9 +93,16 @@ def case(tokens: int, grid, heads: int, args) -> dict:
             "speedup_min": round(min(dense) / min(times[name]), 2),
             "speedup_median": round(statistics.median(dense) / statistics.median(times[name]), 2),
             "fraction_of_limit": round(min(dense) / min(times[name]) * layout.kept_fraction, 3),
+            "speedup_paired_median": round(paired(dense, times[name]), 2),
+            "fraction_of_limit_paired": round(paired(dense, times[name]) * layout.kept_fraction, 3),
         }
     print(json.dumps(row), flush=True)
     return row
+
+
+def paired(dense: list[float], sta: list[float]) -> float:
+    """Median over repeats of dense / STA: each pair ran back to back, so it shares that moment's load."""
+    return statistics.median(d / t for d, t in zip(dense, sta, strict=True))
 
 
 def stats(times: list[float]) -> dict[str, float]:
@@ -202,9 +210,6 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     args = parse()
     torch.manual_seed(0)
-    sweep = compile_sweep(args)
-    rows = [case(tokens, grid, heads, args) for tokens, grid in args.grids.items() for heads in args.heads]
-    rows.sort(key=lambda r: (r["heads"], r["tokens"]))
     meta = {
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
@@ -214,10 +219,19 @@ def main() -> None:
         "sweep_heads": args.sweep_heads,
         "dtype": args.dtype,
         "smoke": args.smoke,
-        "note": "min and median of interleaved repeats; fraction_of_limit = speedup_min * kept_fraction",
+        "load_avg_1m_at_start": os.getloadavg()[0],
+        "note": "min and median of interleaved repeats; fraction_of_limit = speedup_min * kept_fraction; "
+        "_paired: median over repeats of dense / STA timed back to back",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "compile_sweep": sweep, "rows": rows}, indent=2))
+    sweep = compile_sweep(args)
+    rows: list[dict] = []
+    for tokens, grid in args.grids.items():
+        for heads in args.heads:
+            rows.append(case(tokens, grid, heads, args))
+            rows.sort(key=lambda r: (r["heads"], r["tokens"]))
+            # rewritten after each row: a timeout keeps what finished
+            args.out.write_text(json.dumps({"meta": meta, "compile_sweep": sweep, "rows": rows}, indent=2))
     plot(rows, sweep, args, args.out.with_suffix(".png"))
 
 

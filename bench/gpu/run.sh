@@ -17,7 +17,7 @@ if [ "${2:-}" = "--smoke" ]; then
   exec python bench/sta_attention.py --smoke --out "$out/sta_attention_smoke.json"
 fi
 status=0
-timeout 330 python bench/gpu/wan_480p.py --device cuda --steps 10 --out "$out/wan_480p.json" || status=$?
-timeout 120 python bench/sta_attention.py --device cuda --dtype bfloat16 --heads 12 --head-dim 128 \
+timeout 350 python bench/gpu/wan_480p.py --device cuda --steps 10 --out "$out/wan_480p.json" || status=$?
+timeout 110 python bench/sta_attention.py --device cuda --dtype bfloat16 --heads 12 --head-dim 128 \
   --block-size 128 --sweep-heads 12 --repeats 10 --out "$out/sta_attention_gpu.json" || status=$?
 exit "$status"
