@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from fv_sta.gather import gather_sta
 from fv_sta.tiles import TileLayout, real_tokens, tile_neighbours
 
 
@@ -128,8 +129,6 @@ def flex_sta(
     """Attention over tile-major ``[B, heads, padded_len, D]`` tensors within the tile window."""
     mask = sta_block_mask(layout, block_size, str(query.device))
     if compiled and not _within_compile_limit(query, mask):
-        from fv_sta.gather import gather_sta
-
         return gather_sta(query, key, value, layout, scale)
     attend = _compiled_flex() if compiled else flex_attention
     extra = mask.seq_lengths[0] - layout.padded_len
