@@ -73,7 +73,11 @@ class Service:
         self.models: dict[str, ServedModel] = {}
         limits = deploy.limits or Limits()
         budget = Budget(max_running=limits.max_running, max_waiting=limits.max_queue)
-        self.engine = AsyncEngine(Engine(budget, device=device), batching=deploy.determinism == "batched")
+        self.engine = AsyncEngine(
+            Engine(budget, device=device),
+            batching=deploy.determinism == "batched",
+            freeze_heap=True,  # models load before the engine starts: their objects leave GC scans
+        )
         self.live: dict[str, str] = {}  # job id -> engine request id, while running
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None  # shared store only: see _watch
