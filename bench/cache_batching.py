@@ -21,37 +21,16 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cache_dit_vs_package import MEDIUM, NEGATIVE, PROMPTS, SIZE, psnr  # noqa: E402
+from cache_dit_vs_package import MEDIUM, NEGATIVE, PROMPTS, SIZE, psnr, rounds, summary  # noqa: E402
 
 FBCACHE = dict(residual_diff_threshold=0.2, max_warmup_steps=4)  # random weights need > the 0.08 default
 CONCURRENT = 4
 GUIDANCE = 5.0
-
-
-def timed(runs: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict[str, Any], dict[str, dict]]:
-    outs: dict[str, Any] = {}
-    times: dict[str, dict] = {name: {"wall": [], "cpu": []} for name in runs}
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            w0, c0 = time.perf_counter(), time.process_time()
-            out = fn()
-            times[name]["cpu"].append(time.process_time() - c0)
-            times[name]["wall"].append(time.perf_counter() - w0)
-            outs.setdefault(name, out)
-    return outs, times
-
-
-def summary(t: dict) -> dict:
-    return {"min_s": min(t["wall"]), "median_s": statistics.median(t["wall"]), "cpu_min_s": min(t["cpu"])}
 
 
 class Sizes:
@@ -106,7 +85,7 @@ def measure(weights: str, steps: int, repeats: int) -> dict:
     }
     with torch.no_grad():
         four(False, "run_batched")  # warm-up: loads components, fills the text caches of every prompt
-        outs, times = timed(runs, repeats)
+        outs, times = rounds(runs, repeats)
         sizes = Sizes()
         batched = four(True, "run_batched", [sizes])
         serial = four(True, "run_serial")
