@@ -61,6 +61,10 @@ def load(
     name = entry.card if entry is not None else str(model if model is not None else weights)
     weights = weights if weights is not None else (entry.weights if entry is not None else None)
     card, folder = _card_on_weights(host, name, weights)
+    if entry is not None and entry.precision is not None:  # checked against the card by check_deploy
+        card = card.model_copy(
+            update={"precision": card.precision.model_copy(update={"default": entry.precision})}
+        )
     options = deploy_plugin_options(host, plan) if plan is not None else {}
     kernels = resolve_kernels(host, card, device, options, entry.kernels if entry is not None else None)
     names = entry.interceptors if entry is not None else []

@@ -327,6 +327,7 @@ class LoadedModel:
                 "kernels": {op: r["variant"] for op, r in self.kernels.items()},
                 "limits": self.limits.model_dump() if self.limits is not None else None,
                 "parallel": self.parallel.plan.id if self.parallel is not None else "single",
+                "precision": self.card.precision.default,
             },
             "metrics": result.metrics,
             "seconds": round(seconds, 4),

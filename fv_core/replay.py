@@ -51,7 +51,14 @@ def replay_plan(host: PluginHost, path: str | Path) -> ReplayPlan:
     if model not in host.registries.cards:  # a card built from a folder runs its default kernels
         return ReplayPlan(model, weights, task, params, options, None)
     deploy = one_model_deploy(
-        host, model, weights, ran.get("kernels"), prov.get("interceptors") or [], options, ran.get("limits")
+        host,
+        model,
+        weights,
+        ran.get("kernels"),
+        prov.get("interceptors") or [],
+        options,
+        ran.get("limits"),
+        ran.get("precision"),
     )
     return ReplayPlan(model, weights, task, params, {}, deploy)
 
@@ -64,9 +71,10 @@ def one_model_deploy(
     interceptors: Sequence[str] = (),
     plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
     limits: Mapping[str, Any] | None = None,
+    precision: str | None = None,
 ) -> DeploymentCard:
-    """A deployment of one card with these kernels, interceptors and options, enabling the plugins they
-    need; ``limits`` None: no per-request caps."""
+    """A deployment of one card with these kernels, interceptors, options and precision, enabling the
+    plugins they need; ``limits`` None: no per-request caps."""
     if card not in host.registries.cards:
         raise ConfigError(
             f"kernels and interceptors are chosen for registered cards; {card!r} is not one. "
@@ -86,7 +94,11 @@ def one_model_deploy(
         plugins=sorted(plugins - {BUILTIN_PLUGIN}),
         models=[
             ModelDeploy(
-                card=card, weights=weights, kernels=dict(kernels or {}), interceptors=list(interceptors)
+                card=card,
+                weights=weights,
+                kernels=dict(kernels or {}),
+                interceptors=list(interceptors),
+                precision=precision,
             )
         ],
         plugin_options={p: dict(o) for p, o in (plugin_options or {}).items()},

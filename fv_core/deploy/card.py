@@ -44,6 +44,9 @@ class ModelDeploy(Strict):
     kernels: dict[str, str] = Field(default_factory=dict)  # op -> variant, e.g. {"attention": "sta"}
     interceptors: list[str] = Field(default_factory=list)  # enabled interceptor names
     parallel: str | None = None  # parallel plan, e.g. "sp=2,cfg=2" (None: one process)
+    precision: str | None = (
+        None  # dtype the model runs in, one of its card's supported (None: the card's default)
+    )
 
     @field_validator("parallel")
     @classmethod

@@ -59,6 +59,7 @@ def _check_model(
                 f"{where}.interceptors: card {card.model_id!r} rejects {name!r} (a {kind} interceptor); it accepts "
                 f"{sorted(card.capabilities.interceptors) or 'none'}. Fix: remove {name!r} from this model."
             )
+    check_precision(card, model.precision, f"{where}.precision")
     if model.weights is not None:  # the folder, as load will check it: layout, no pickles, configs vs card
         folder = Path(model.weights).expanduser()
         try:
@@ -66,6 +67,15 @@ def _check_model(
             refuse_pickles(folder)
         except WeightsError as exc:
             raise WeightsError(f"{where}.weights: {exc}") from None
+
+
+def check_precision(card: Any, precision: str | None, where: str) -> None:
+    """``precision`` (None: the card's default) is one the card supports."""
+    if precision is not None and precision not in card.precision.supported:
+        raise ConfigError(
+            f"{where}: card {card.model_id!r} runs in {card.precision.supported}, not {precision!r}. "
+            f"Fix: use one of {card.precision.supported}, or drop it for the default {card.precision.default!r}."
+        )
 
 
 def _check_enabled(host: PluginHost, registry: str, key: Any, enabled: set[str], where: str) -> None:
