@@ -95,6 +95,20 @@ def speedups(base: dict, cached: dict) -> dict:
     }
 
 
+def fv_job(model, i: int, steps: int):
+    """The engine work item of request ``i``: prompt ``i``, seed ``i``, two-forward CFG at the bench size."""
+    params = dict(
+        prompt=PROMPTS[i],
+        negative_prompt=NEGATIVE,
+        num_inference_steps=steps,
+        guidance_scale=GUIDANCE,
+        cfg_mode="two_forward",
+        seed=i,
+        **SIZE,
+    )
+    return model.job(model.prepare(params, request_id=f"r{i}"))
+
+
 def psnr(a, b) -> float:
     import torch
 
@@ -181,16 +195,7 @@ def side_fv(weights: str, steps: int, repeats: int) -> dict:
     model = fv_core.load(weights)  # the card is built from the medium folder's own configs
 
     def req(i: int):
-        params = dict(
-            prompt=PROMPTS[i],
-            negative_prompt=NEGATIVE,
-            num_inference_steps=steps,
-            guidance_scale=GUIDANCE,
-            cfg_mode="two_forward",
-            seed=i,
-            **SIZE,
-        )
-        return model.job(model.prepare(params, request_id=f"r{i}"))
+        return fv_job(model, i, steps)
 
     def engine(options: dict | None) -> Engine:
         return Engine(interceptors=[DBCache(**options)] if options is not None else [])

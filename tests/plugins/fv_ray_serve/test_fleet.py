@@ -15,14 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+import ray
+from ray import serve
+from ray.serve.config import RequestRouterConfig
 
-ray = pytest.importorskip("ray")
-from ray import serve  # noqa: E402
-from ray.serve.config import RequestRouterConfig  # noqa: E402
-
-from fv_core.serving.jobs import JobStore, new_job_id  # noqa: E402
-from fv_ray_serve import QUEUE_DEPTH, applications, split_fleet  # noqa: E402
-from tests.serving.support import TINY, free_port  # noqa: E402
+from fv_core.serving.jobs import JobStore, new_job_id
+from fv_ray_serve import QUEUE_DEPTH, applications, split_fleet
+from tests.serving.support import TINY, free_port
 
 QUICK = {"size": "32x32", "num_frames": 5, "num_inference_steps": 2}
 LONG = {

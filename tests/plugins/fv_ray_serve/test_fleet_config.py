@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from ray.serve.config import AutoscalingContext
 
-pytest.importorskip("ray")
-from ray.serve.config import AutoscalingContext  # noqa: E402
-
-from fv_core import ConfigError  # noqa: E402
-from fv_ray_serve import QUEUE_DEPTH, QueueDepthPolicy, applications, split_fleet  # noqa: E402
+from fv_core import ConfigError
+from fv_ray_serve import QUEUE_DEPTH, QueueDepthPolicy, applications, split_fleet
 
 BASE = {
     "plugins": ["fv-wan"],
