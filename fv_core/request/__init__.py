@@ -1,7 +1,6 @@
-"""Requests, cancel scopes and stream events."""
+"""Requests, their parts and params, and stream events."""
 
 from fv_core.loop.contracts import StreamEvent
-from fv_core.request.cancel import CancelScope
 from fv_core.request.params import Params, param_meta
 from fv_core.request.parts import AudioPart, ImagePart, Part, TextPart, VideoPart, image_part
 from fv_core.request.request import Request
@@ -11,7 +10,6 @@ TERMINAL_EVENTS = frozenset({"done", "error", "cancelled"})  # kinds that end a 
 __all__ = [
     "TERMINAL_EVENTS",
     "AudioPart",
-    "CancelScope",
     "ImagePart",
     "Params",
     "Part",
