@@ -145,12 +145,12 @@ def _rebound(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
     }
 
 
-def tensor_bytes(value: Any) -> int:
+def payload_bytes(value: Any) -> int:
     """Bytes of the tensors in ``value`` (a Step, a Reply, or nested dicts / lists of tensors)."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, Store):
-        return tensor_bytes(value.tensor)
+        return payload_bytes(value.tensor)
     if isinstance(value, Step | Reply):
         fields = (
             (value.inputs, value.hook.caches if value.hook else {})
@@ -160,11 +160,11 @@ def tensor_bytes(value: Any) -> int:
                 value.caches,
             )
         )
-        return sum(tensor_bytes(f) for f in fields)
+        return sum(payload_bytes(f) for f in fields)
     if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
+        return sum(payload_bytes(v) for v in value.values())
     if isinstance(value, list | tuple):
-        return sum(tensor_bytes(v) for v in value)
+        return sum(payload_bytes(v) for v in value)
     return 0
 
 
@@ -243,7 +243,7 @@ class ParallelGroup:
             step.evict = self._resident.evictions()
             try:
                 dist.broadcast_object_list([step], src=0)
-                TRAFFIC.add("broadcast", tensor_bytes(step) * (self.plan.world_size - 1))
+                TRAFFIC.add("broadcast", payload_bytes(step) * (self.plan.world_size - 1))
                 step.inputs = common
                 with self._cpu_share():
                     own = execute(self.instance, self._rank(), step)
@@ -256,7 +256,7 @@ class ParallelGroup:
                     raise self._failure(label, self._broken) from None
                 raise  # rank 0's own error, as it is
         for reply in replies[1:]:
-            self.worker_bytes += reply.traffic + tensor_bytes(reply)  # its collectives, then its reply
+            self.worker_bytes += reply.traffic + payload_bytes(reply)  # its collectives, then its reply
             if step.hook is not None:
                 step.hook.caches.update(moved(reply.caches, self.instance.device))
         return [replies[0], *(_reply_on(r, self.instance.device) for r in replies[1:])]
