@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from fv_train_flow.config import load_config
+from fv_core.training import load_config
 from fv_train_flow.eval import evaluate_folder, evaluate_grid, load
 
 REPO = Path(__file__).resolve().parents[1]

@@ -258,9 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     from fv_core.serving.cli import add_serve_parser  # imports FastAPI only when installed with [serve]
 
     add_serve_parser(sub)
+    from fv_core.training.cli import add_train_parser
+
+    add_train_parser(sub)
     commands = host.registries.commands
     for name in sorted(str(k) for k in commands):
-        commands.get(name)(sub)  # plugin subcommands, e.g. `fv train` from fv-train-flow
+        commands.get(name)(sub)  # plugin subcommands, e.g. `fv eval` from fv-train-flow
     return parser
 
 

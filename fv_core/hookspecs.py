@@ -80,6 +80,25 @@ def fv_register_methods(register: Register) -> None:
 
 
 @hookspec
+def fv_register_trainers(register: Register) -> None:
+    """Contribute a model family's training adapter (``fv_core.training.TrainAdapter``).
+
+    :param register: call ``register(family, adapter)`` where ``adapter`` (a class or lazy
+        ``"module:attr"`` string) is built as ``adapter(loaded_model)``; ``family`` is the
+        ``ModelCard.family`` it serves.
+    """
+
+
+@hookspec
+def fv_register_rewards(register: Register) -> None:
+    """Contribute reward models for training methods (``fv_core.training.Reward``).
+
+    :param register: call ``register(name, factory)`` where ``factory`` (a callable or lazy
+        ``"module:attr"`` string) returns a reward: ``reward(frames, prompts) -> tensor [B]``.
+    """
+
+
+@hookspec
 def fv_register_options(register: Register) -> None:
     """Contribute the pydantic schema of this plugin's options.
 

@@ -166,6 +166,8 @@ REGISTRY_NAMES = (
     "loops",
     "interceptors",
     "methods",
+    "trainers",
+    "rewards",
     "options",
     "pipelines",
     "commands",
@@ -182,6 +184,8 @@ class Registries:
     loops: Registry = field(default_factory=lambda: Registry("loops"))
     interceptors: Registry = field(default_factory=lambda: Registry("interceptors"))
     methods: Registry = field(default_factory=lambda: Registry("methods"))
+    trainers: Registry = field(default_factory=lambda: Registry("trainers"))
+    rewards: Registry = field(default_factory=lambda: Registry("rewards"))
     options: Registry = field(default_factory=lambda: Registry("options"))
     pipelines: Registry = field(default_factory=lambda: Registry("pipelines"))
     commands: Registry = field(default_factory=lambda: Registry("commands"))

@@ -1,27 +1,37 @@
-"""The training seam: roles a method trains or reads, and running a serve step body under grad.
+"""The training plane: the trainer, its config, method specs, family adapters, rewards.
 
-Training methods (plugins registered through ``fv_register_methods``) build the same ``WorkPlan``
-bodies the serve loops run and execute them here under ``Profile.TRAIN``: one implementation of
-the model and the sampler for serving, rollout and training. The runtime never imports this.
+Training methods (plugins registered through ``fv_register_methods``) run the same ``WorkPlan``
+bodies the serve loops run (through a family's ``TrainAdapter``) under ``Profile.TRAIN``: one
+implementation of the model and the sampler for serving, rollout and training. The runtime never
+imports this.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 from fv_core.loop.contracts import Profile, WorkPlan
 from fv_core.loop.runner import run_plan
-
-
-class Role(str, enum.Enum):
-    """Which copy of the weights a module plays in a method (what a WeightSyncPlan ships)."""
-
-    STUDENT = "student"  # the weights being optimised
-    EMA = "ema"  # exponential moving average of the student; what is exported
-    TEACHER = "teacher"  # frozen source of targets (distillation)
-    CRITIC = "critic"  # fake-score / reward model trained alongside (DMD2)
-    REFERENCE = "reference"  # frozen anchor for KL or old-policy terms (RL)
+from fv_core.training.adapter import TrainAdapter, adapter_class, train_adapter
+from fv_core.training.config import (
+    DataConfig,
+    OptimConfig,
+    StrictModel,
+    TrainConfig,
+    load_config,
+    validate,
+    validate_options,
+)
+from fv_core.training.method import Consistency, MethodSpec, Role, RoleSpec, TrainMethod
+from fv_core.training.reward import Reward, load_reward
+from fv_core.training.trainer import (
+    load_optimizer,
+    make_optimizer,
+    plot_loss,
+    save_optimizer,
+    set_lr,
+    train,
+)
 
 
 def train_body(plan: WorkPlan) -> dict[str, Any]:
@@ -29,4 +39,35 @@ def train_body(plan: WorkPlan) -> dict[str, Any]:
     return run_plan(plan, Profile.TRAIN).outputs
 
 
-__all__ = ["Role", "train_body"]
+def run_body(plan: WorkPlan, train: bool) -> dict[str, Any]:
+    """The plan's outputs under the train profile (grad) or the serve profile (no grad)."""
+    return run_plan(plan, Profile.TRAIN if train else Profile.SERVE).outputs
+
+
+__all__ = [
+    "Consistency",
+    "DataConfig",
+    "MethodSpec",
+    "OptimConfig",
+    "Reward",
+    "Role",
+    "RoleSpec",
+    "StrictModel",
+    "TrainAdapter",
+    "TrainConfig",
+    "TrainMethod",
+    "adapter_class",
+    "load_config",
+    "load_optimizer",
+    "load_reward",
+    "make_optimizer",
+    "plot_loss",
+    "run_body",
+    "save_optimizer",
+    "set_lr",
+    "train",
+    "train_adapter",
+    "train_body",
+    "validate",
+    "validate_options",
+]

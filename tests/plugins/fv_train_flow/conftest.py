@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 from train_flow_support import TINY_VAE, flow_config
 
-from fv_train_flow.config import validate
+from fv_core.training import train, validate
 from fv_train_flow.method import FlowMethod
-from fv_train_flow.trainer import train
 from fv_train_flow.vae import VaeMethod
 
 

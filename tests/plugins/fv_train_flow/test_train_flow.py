@@ -9,10 +9,8 @@ from train_flow_support import flow_config
 
 from fv_core import ConfigError, Profile, WorkUnitKind, load
 from fv_core.loop import run_plan
-from fv_core.training import Role
-from fv_train_flow.config import load_config, validate
+from fv_core.training import Role, load_config, train, validate
 from fv_train_flow.method import FlowMethod
-from fv_train_flow.trainer import train
 
 
 def test_a_few_steps_reduce_the_validation_loss(trained):
@@ -67,7 +65,7 @@ def test_train_forward_equals_serve_forward_bit_for_bit(trained):
     assert torch.equal(trained_out.detach(), served)
     ema = method.roles[Role.EMA]
     with torch.no_grad():
-        text = method.encode(ema["text_encoder"], ["a blue square moving up"], train=False)
+        text = method.adapter.conditioning(["a blue square moving up"], ema["text_encoder"])
         from fv_wan.loop import text_kv_body
 
         kv = text_kv_body(ema["transformer"], {"text": text})["kv"]

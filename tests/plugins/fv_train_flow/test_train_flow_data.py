@@ -6,8 +6,8 @@ import torch
 from safetensors import safe_open
 from train_flow_support import TINY_VAE, flow_config
 
+from fv_core.training import validate
 from fv_train_flow import shapes
-from fv_train_flow.config import validate
 from fv_train_flow.method import FlowMethod
 from fv_train_flow.vae import VaeMethod
 

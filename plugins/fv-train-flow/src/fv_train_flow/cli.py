@@ -1,35 +1,9 @@
-"""``fv train CONFIG.yaml`` and ``fv eval``: parsers the core CLI mounts with ``add_*_parser(sub)``."""
+"""``fv eval``: the parser the core CLI mounts with ``add_eval_parser(sub)`` (``fv train`` is the core's)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-
-
-def add_train_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("train", help="train with a registered method from a YAML config")
-    p.add_argument("config", help="YAML config (see configs/shapes/)")
-    p.add_argument("--steps", type=int, help="override the config's steps")
-    p.add_argument("--output-dir", help="override the config's output_dir")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_train)
-    return p
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    import torch
-
-    from fv_core import load_plugins
-    from fv_train_flow.config import load_config
-    from fv_train_flow.trainer import train
-
-    overrides = {k: v for k, v in {"steps": args.steps, "output_dir": args.output_dir}.items() if v}
-    cfg = load_config(args.config, overrides)
-    torch.set_num_threads(cfg.threads)
-    factory = load_plugins().registries.methods.get(cfg.method)
-    summary = train(cfg, factory(cfg), progress=not args.no_progress)
-    print(json.dumps(summary, indent=2))
-    return 0
 
 
 def add_eval_parser(subparsers) -> argparse.ArgumentParser:

@@ -1,58 +1,14 @@
-"""``fv train`` configuration: one YAML file, validated by pydantic with ``extra="forbid"``.
-
-The top level is method-independent (steps, batch, optimiser, logging, checkpoints); ``options``
-belongs to the method named by ``method`` and is validated by that method's own schema.
-"""
+"""Options of the ``flow`` and ``vae`` methods (a config's ``options:`` section; the rest of the
+config is the core's ``fv_core.training.TrainConfig``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from fv_core import ConfigError, explain
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class OptimConfig(_Strict):
-    """AdamW with linear warmup then constant or cosine decay, and grad-norm clipping."""
-
-    lr: float = Field(1e-3, gt=0)
-    betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(50, ge=0)
-    decay: Literal["constant", "cosine"] = "cosine"
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine floor as a fraction of lr
-    grad_clip: float = Field(1.0, gt=0)
-
-
-class DataConfig(_Strict):
-    """The synthetic shapes stream (``fv_train_flow.shapes``); deterministic by seed and clip index."""
-
-    kind: Literal["shapes"] = "shapes"
-    seed: int = 0
-
-
-class TrainConfig(_Strict):
-    method: str  # a registered training method: "flow" or "vae"
-    output_dir: Path  # checkpoints, log.jsonl, loss.png; the final model goes to <output_dir>/final
-    seed: int = 0  # initialisation, timesteps, noise and caption dropout
-    steps: int = Field(gt=0)
-    batch_size: int = Field(8, gt=0)
-    threads: int = Field(1, gt=0)  # torch intra-op threads; 1 avoids oversubscription on shared CPUs
-    log_every: int = Field(10, gt=0)
-    eval_every: int = Field(200, gt=0)
-    checkpoint_every: int = Field(200, gt=0)
-    keep_checkpoints: int = Field(2, gt=0)
-    optim: OptimConfig = OptimConfig()
-    data: DataConfig = DataConfig()
-    options: dict[str, Any] = {}  # validated by the method's option schema
-
+from fv_core.training import StrictModel
 
 # Patchify 2x2 and two downsamples: x8 space, x4 time with every conv at <= 32x32 (cheap on CPU).
 DEFAULT_VAE = dict(
@@ -67,7 +23,7 @@ DEFAULT_VAE = dict(
 )
 
 
-class VaeOptions(_Strict):
+class VaeOptions(StrictModel):
     """Options of the ``vae`` method."""
 
     vae: dict[str, Any] = DEFAULT_VAE  # AutoencoderKLWan config (z_dim must be 16 for Wan's transformer)
@@ -109,11 +65,13 @@ DEFAULT_TEXT_ENCODER = dict(
 )
 
 
-class FlowOptions(_Strict):
+class FlowOptions(StrictModel):
     """Options of the ``flow`` method (plain flow-matching training / finetuning of a Wan checkpoint)."""
 
-    vae: Path  # a trained diffusers ``vae/`` folder (from the ``vae`` method), frozen here
-    init_weights: Path | None = None  # finetune this checkpoint (diffusers layout) instead of a fresh init
+    vae: Path | None = (
+        None  # a trained diffusers vae/ folder (from the ``vae`` method) for a fresh init, frozen
+    )
+    init_weights: Path | None = None  # finetune this checkpoint (diffusers layout; its own vae/) instead
     transformer: dict[str, Any] = DEFAULT_TRANSFORMER  # WanTransformer3DModel config for a fresh init
     text_encoder: dict[str, Any] = DEFAULT_TEXT_ENCODER  # UMT5 config for a fresh init
     train_text_encoder: bool = True  # jointly train UMT5, else keep it frozen
@@ -130,28 +88,3 @@ class FlowOptions(_Strict):
     eval_samples: int = Field(12, ge=0)  # prompts sampled with the serve loop per eval (0: skip)
     eval_steps: int = Field(8, gt=0)  # sampling steps for those
     eval_card: str = "wan2.1-t2v-tiny"  # a Wan card whose loop serves these weights during evals
-
-
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Read and validate a YAML config; relative ``output_dir`` and option paths resolve from the CWD."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read training config {str(path)!r}: {exc}") from exc
-    return validate(raw | (overrides or {}), source=str(path))
-
-
-def validate(raw: dict[str, Any], source: str = "config") -> TrainConfig:
-    try:
-        return TrainConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(explain(exc, f"invalid {source}", TrainConfig.model_fields)) from None
-
-
-def validate_options(schema: type[BaseModel], options: dict[str, Any], method: str) -> Any:
-    try:
-        return schema.model_validate(options)
-    except ValidationError as exc:
-        raise ConfigError(
-            explain(exc, f"invalid options of method {method!r}", schema.model_fields)
-        ) from None

@@ -1,12 +1,13 @@
 """The ``flow`` method: plain flow-matching training of a Wan checkpoint on the serve step bodies.
 
-Per step: encode clips with the frozen VAE (normalised as ``decode_body`` un-normalises), draw a
-shifted sigma per clip, noise ``x_t = (1 - s) x0 + s eps`` and regress the transformer's velocity on
-``eps - x0``. The text encoder and the transformer run through the very ``WorkPlan`` bodies the Wan
-loop serves with (``encode_body``, ``denoise_body``), executed under the train profile
-(``fv_core.training.train_body``): no second forward. Captions are dropped to "" at
-``caption_dropout`` so classifier-free guidance has an unconditional branch. Roles: the student is
-optimised (AdamW, grad clipping); an EMA copy is what evaluation and the export use.
+Per step: encode clips with the frozen VAE (normalised as the serve loop's decode un-normalises),
+draw a shifted sigma per clip, noise ``x_t = (1 - s) x0 + s eps`` and regress the transformer's
+velocity on ``eps - x0``. The model is loaded with ``fv_core.load`` and every forward goes through
+its family's training adapter (``fv_core.training.train_adapter``), which runs the serve loop's own
+step bodies under the train profile: no second forward, and no import of the family plugin.
+Captions are dropped to "" at ``caption_dropout`` so classifier-free guidance has an unconditional
+branch. Roles: the student (the loaded model's own modules) is optimised (AdamW, grad clipping); an
+EMA copy is what evaluation and the export use.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import hashlib
 import shutil
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +24,24 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from fv_core import ConfigError, Profile, WorkPlan, WorkUnitKind
-from fv_core.loop import run_plan
-from fv_core.training import Role, train_body
-from fv_train_flow import shapes
-from fv_train_flow.config import FlowOptions, TrainConfig, validate_options
-from fv_train_flow.trainer import load_optimizer, make_optimizer, save_optimizer, set_lr
-from fv_wan import (
-    WAN_SCHEDULER_CONFIG,
-    denoise_body,
-    encode_body,
-    load_component,
-    text_kv_body,
-    word_tokenizer,
-    write_pipeline_files,
+import fv_core
+from fv_core import ConfigError
+from fv_core.training import (
+    Consistency,
+    MethodSpec,
+    Role,
+    RoleSpec,
+    TrainConfig,
+    adapter_class,
+    load_optimizer,
+    make_optimizer,
+    save_optimizer,
+    set_lr,
+    train_adapter,
+    validate_options,
 )
+from fv_train_flow import shapes
+from fv_train_flow.config import FlowOptions
 
 TRAINED = ("transformer", "text_encoder")  # components the student role holds
 EVAL_SIGMAS = (0.2, 0.4, 0.6, 0.8, 0.95)  # fixed noise levels of the validation loss
@@ -48,29 +51,45 @@ EVAL_GUIDANCE = 4.0  # CFG scale of the sampled evals
 class FlowMethod:
     """Flow matching on a Wan checkpoint; see the module docstring."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
-        from diffusers import AutoencoderKLWan
+    spec = MethodSpec(
+        roles=(
+            RoleSpec(Role.STUDENT, trains=TRAINED, holds=TRAINED),
+            RoleSpec(Role.EMA, holds=TRAINED),
+        ),
+        consistency=Consistency.C1,
+    )
 
+    def __init__(self, cfg: TrainConfig) -> None:
         self.cfg, self.opts = cfg, validate_options(FlowOptions, cfg.options, "flow")
-        if not (Path(self.opts.vae) / "config.json").is_file():
-            raise ConfigError(
-                f"options.vae={str(self.opts.vae)!r} is not a diffusers vae/ folder (no config.json). "
-                "Fix: train one first (fv train configs/shapes/vae.yaml) and point options.vae at <output_dir>/final/vae"
-            )
         torch.manual_seed(cfg.seed)
-        self.vae = (
-            AutoencoderKLWan.from_pretrained(self.opts.vae, use_safetensors=True).eval().requires_grad_(False)
-        )
-        self.tokenizer, student = build_student(self.opts)
+        folder = self.opts.init_weights or self.fresh_checkpoint()
+        model = fv_core.load(weights=folder)  # the card from the folder's own configs
+        self.adapter = train_adapter(model, max_sequence_length=self.opts.max_sequence_length)
+        student = {name: self.adapter.module(name).requires_grad_(True) for name in TRAINED}
         self.roles: dict[Role, dict[str, torch.nn.Module]] = {Role.STUDENT: student}
         if not self.opts.train_text_encoder:
             student["text_encoder"].requires_grad_(False)
         self.roles[Role.EMA] = {k: copy.deepcopy(m).requires_grad_(False) for k, m in student.items()}
         self.opt = make_optimizer(self.trainable(), cfg.optim)
         self._pool: tuple[torch.Tensor, list[str]] | None = None
-        shape = (1, self.vae.config.z_dim, 1, 1, 1)
-        self.mean = torch.tensor(self.vae.config.latents_mean).view(shape)
-        self.inv_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape)
+
+    def fresh_checkpoint(self) -> Path:
+        """``<output_dir>/init``: freshly initialised transformer and text encoder (from ``seed``,
+        written once) around the trained ``options.vae`` (copied every time: it may be retrained)."""
+        vae = self.opts.vae
+        if vae is None or not (Path(vae) / "config.json").is_file():
+            raise ConfigError(
+                f"options.vae={None if vae is None else str(vae)!r} is not a diffusers vae/ folder (no "
+                "config.json). Fix: train one first (fv train configs/shapes/vae.yaml) and point options.vae "
+                "at <output_dir>/final/vae, or set options.init_weights to a checkpoint to finetune"
+            )
+        folder = Path(self.cfg.output_dir) / "init"
+        if not (folder / "model_index.json").is_file():
+            adapter_class("wan").init_checkpoint(
+                folder, self.opts.transformer, self.opts.text_encoder, shapes.vocabulary(), Path(vae)
+            )
+        shutil.copytree(vae, folder / "vae", dirs_exist_ok=True)
+        return folder
 
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for m in self.roles[Role.STUDENT].values() for p in m.parameters() if p.requires_grad]
@@ -111,7 +130,9 @@ class FlowMethod:
         """Latents and captions of the stream's first ``latent_pool`` clips, encoded once and cached."""
         n, seed = self.opts.latent_pool, self.cfg.data.seed
         path = Path(self.cfg.output_dir) / "latent_pool.safetensors"
-        weights = sorted(Path(self.opts.vae).glob("*.safetensors"))  # a retrained VAE invalidates the pool
+        weights = sorted(
+            (Path(self.adapter.model.weights) / "vae").glob("*.safetensors")
+        )  # a retrained VAE invalidates the pool
         vae_hash = hashlib.sha256(b"".join(p.read_bytes() for p in weights)).hexdigest()
         key = {"clips": str(n), "seed": str(seed), "vae_sha256": vae_hash}
         captions = [s.caption for s in shapes.stream_specs(seed, 0, n)]
@@ -141,34 +162,13 @@ class FlowMethod:
         noise = torch.randn(x0.shape, generator=gen)
         s = sigma.view(-1, 1, 1, 1, 1)
         noisy = (1 - s) * x0 + s * noise
-        text = self.encode(modules["text_encoder"], captions, train)
-        kv = _run(
-            _plan(WorkUnitKind.ENCODER_CHUNK, text_kv_body, modules["transformer"], {"text": text}), train
-        )
-        t = sigma * WAN_SCHEDULER_CONFIG["num_train_timesteps"]
-        inputs = {"latents": noisy, "timestep": t, "kv": kv["kv"]}
-        velocity = _run(
-            _plan(WorkUnitKind.DIFFUSION_STEP, denoise_body, modules["transformer"], inputs), train
-        )
-        return torch.nn.functional.mse_loss(velocity["velocity"], noise - x0)
+        embeds = self.adapter.conditioning(captions, modules["text_encoder"], train)
+        velocity = self.adapter.velocity(modules["transformer"], noisy, sigma, embeds, train)
+        return torch.nn.functional.mse_loss(velocity, noise - x0)
 
-    def encode(self, text_encoder: torch.nn.Module, captions: list[str], train: bool) -> torch.Tensor:
-        """Prompt embeddings exactly as the serve loop builds them: padded to ``max_sequence_length``."""
-        enc = self.tokenizer(
-            captions,
-            padding="max_length",
-            max_length=self.opts.max_sequence_length,
-            truncation=True,
-            return_attention_mask=True,
-            return_tensors="pt",
-        )
-        inputs = {"input_ids": enc.input_ids, "mask": enc.attention_mask}
-        return _run(_plan(WorkUnitKind.ENCODER_CHUNK, encode_body, text_encoder, inputs), train)["embeds"]
-
-    @torch.no_grad()
     def latents(self, video: torch.Tensor) -> torch.Tensor:
-        """VAE posterior means, normalised (``decode_body`` inverts this)."""
-        return (self.vae.encode(video).latent_dist.mode() - self.mean) * self.inv_std
+        """VAE posterior means, normalised (the serve loop's decode inverts this)."""
+        return self.adapter.encode_video(video)
 
     @torch.no_grad()
     def update_ema(self, step: int) -> None:
@@ -230,8 +230,12 @@ class FlowMethod:
         load_optimizer(self.opt, folder / "optimizer.safetensors")
 
     def export(self, folder: Path) -> None:
-        """A complete Wan checkpoint (real diffusers layout) with the EMA weights and the frozen VAE."""
-        write_checkpoint(folder, self.roles[Role.EMA], self.tokenizer, Path(self.opts.vae))
+        """A complete checkpoint (real diffusers layout) with the EMA weights and the frozen VAE."""
+        recipe = {
+            "method": "flow",
+            "parents": [str(self.opts.init_weights)] if self.opts.init_weights else [],
+        }
+        self.adapter.export(folder, self.roles[Role.EMA], recipe)
 
 
 def shifted_sigmas(n: int, opts: FlowOptions, gen: torch.Generator) -> torch.Tensor:
@@ -243,61 +247,3 @@ def shifted_sigmas(n: int, opts: FlowOptions, gen: torch.Generator) -> torch.Ten
     )
     u = u.clamp(1e-3, 1 - 1e-3)
     return opts.shift * u / (1 + (opts.shift - 1) * u)
-
-
-def build_student(opts: FlowOptions) -> tuple[Any, dict[str, torch.nn.Module]]:
-    """Tokenizer and trainable modules: loaded from ``init_weights`` or freshly initialised."""
-    from diffusers import WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    if opts.init_weights is not None:
-        root = Path(opts.init_weights)
-        return load_component(root, "tokenizer"), {n: load_component(root, n) for n in TRAINED}
-    tokenizer = shapes_tokenizer()
-    text_config = UMT5Config(
-        vocab_size=len(tokenizer),
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-        **opts.text_encoder,
-    )
-    if opts.transformer.get("text_dim") != text_config.d_model:
-        raise ConfigError(
-            f"transformer.text_dim={opts.transformer.get('text_dim')} must equal text_encoder.d_model="
-            f"{text_config.d_model}. Fix: set them equal."
-        )
-    return tokenizer, {
-        "transformer": WanTransformer3DModel(**opts.transformer),
-        "text_encoder": UMT5EncoderModel(text_config),
-    }
-
-
-def shapes_tokenizer():
-    """fv-wan's word-level tokenizer over the shapes captions' vocabulary."""
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
-    for word in shapes.vocabulary():
-        vocab.setdefault(word, len(vocab))
-    return word_tokenizer(vocab)
-
-
-def write_checkpoint(folder: Path, modules: dict[str, torch.nn.Module], tokenizer: Any, vae: Path) -> None:
-    """model_index.json, transformer/, text_encoder/, tokenizer/, vae/ (copied), scheduler/."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, module in modules.items():
-        module.save_pretrained(folder / name, safe_serialization=True)
-    tokenizer.save_pretrained(folder / "tokenizer")
-    shutil.copytree(vae, folder / "vae", dirs_exist_ok=True)
-    write_pipeline_files(folder)
-
-
-def _plan(kind: WorkUnitKind, body: Any, module: torch.nn.Module, inputs: dict[str, Any]) -> WorkPlan:
-    """A plan of one of the Wan loop's own step bodies over ``module``."""
-    rows = next(v.shape[0] for v in inputs.values())
-    return WorkPlan(
-        kind=kind, body=partial(body, module), inputs=inputs, batch_size=rows, label=body.__name__
-    )
-
-
-def _run(plan: WorkPlan, train: bool) -> dict[str, Any]:
-    """The plan's outputs under the train profile (grad enabled) or the serve profile (no grad)."""
-    return train_body(plan) if train else run_plan(plan, Profile.SERVE).outputs

@@ -1,5 +1,5 @@
 """fv-train-flow's pluggy hooks: the ``flow`` and ``vae`` training methods, the option schema, and the
-``fv train`` / ``fv eval`` commands."""
+``fv eval`` command."""
 
 from __future__ import annotations
 
@@ -25,5 +25,4 @@ def fv_register_options(register: Callable[..., None]) -> None:
 
 @hookimpl
 def fv_register_commands(register: Callable[..., None]) -> None:
-    register("train", "fv_train_flow.cli:add_train_parser")
     register("eval", "fv_train_flow.cli:add_eval_parser")

@@ -15,14 +15,29 @@ from pathlib import Path
 
 import torch
 
+from fv_core.training import (
+    Consistency,
+    MethodSpec,
+    Role,
+    RoleSpec,
+    TrainConfig,
+    load_optimizer,
+    make_optimizer,
+    save_optimizer,
+    set_lr,
+    validate_options,
+)
 from fv_train_flow import shapes
-from fv_train_flow.config import TrainConfig, VaeOptions, validate_options
+from fv_train_flow.config import VaeOptions
 from fv_train_flow.detect import detect
-from fv_train_flow.trainer import load_optimizer, make_optimizer, save_optimizer, set_lr
 
 
 class VaeMethod:
     """Reconstruction training of ``AutoencoderKLWan``; the exported folder is a diffusers ``vae/``."""
+
+    spec = MethodSpec(
+        roles=(RoleSpec(Role.STUDENT, trains=("vae",), holds=("vae",)),), consistency=Consistency.C1
+    )
 
     def __init__(self, cfg: TrainConfig) -> None:
         from diffusers import AutoencoderKLWan

@@ -42,6 +42,11 @@ def fv_register_loops(register) -> None:
 
 
 @hookimpl
+def fv_register_trainers(register) -> None:
+    register("wan", "fv_wan.training:WanTrainAdapter")
+
+
+@hookimpl
 def fv_register_pipelines(register) -> None:
     register("WanPipeline", "fv_wan.folder:WanFolder")
     register("WanImageToVideoPipeline", "fv_wan.folder:WanFolder")

@@ -3,7 +3,7 @@
 A method owns its modules and optimisers; the trainer owns time: when to log, evaluate,
 checkpoint and stop. Checkpoints are ``<output_dir>/checkpoint-<step>/`` folders the method writes
 (model weights in the real diffusers layout plus optimiser state in safetensors); the trainer adds
-``trainer_state.json``. Re-running the same config resumes from the newest one.
+``trainer_state.json`` and ``rng.safetensors`` (torch's global RNG, for methods that draw from it). Re-running the same config resumes from the newest one.
 """
 
 from __future__ import annotations
@@ -13,37 +13,14 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from fv_train_flow.config import OptimConfig, TrainConfig
-
-
-class TrainMethod(Protocol):
-    """What ``fv train`` drives; built by a factory registered under ``fv_register_methods``."""
-
-    def step(self, step: int) -> dict[str, float]:
-        """One optimisation step; returns scalars to log (``loss`` at least)."""
-        ...
-
-    def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out metrics, cheap enough to run every ``eval_every`` steps."""
-        ...
-
-    def save(self, folder: Path) -> None:
-        """Write a resumable checkpoint (weights in the real layout, optimiser state)."""
-        ...
-
-    def load(self, folder: Path) -> None:
-        """Restore what ``save`` wrote."""
-        ...
-
-    def export(self, folder: Path) -> None:
-        """Write the final, loadable model (EMA weights where the method keeps them)."""
-        ...
+from fv_core.training.config import OptimConfig, TrainConfig
+from fv_core.training.method import TrainMethod
 
 
 def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[str, Any]:
@@ -74,6 +51,7 @@ def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[
     plot_loss(out / "log.jsonl", out / "loss.png")
     summary = {
         "method": cfg.method,
+        "spec": method.spec.describe(),
         "steps": cfg.steps,
         "batch_size": cfg.batch_size,
         "resumed_from": start,
@@ -97,6 +75,7 @@ def _resume(out: Path, method: TrainMethod) -> tuple[int, float]:
     if not ckpts:
         return 0, 0.0
     method.load(ckpts[-1])
+    torch.set_rng_state(load_file(str(ckpts[-1] / "rng.safetensors"))["torch"])
     state = json.loads((ckpts[-1] / "trainer_state.json").read_text())
     log = out / "log.jsonl"
     if log.is_file():
@@ -109,6 +88,7 @@ def _checkpoint(out: Path, method: TrainMethod, step: int, keep: int, wall_s: fl
     staging = out / f".checkpoint-{step}"
     shutil.rmtree(staging, ignore_errors=True)
     method.save(staging)
+    save_file({"torch": torch.get_rng_state()}, str(staging / "rng.safetensors"))
     (staging / "trainer_state.json").write_text(json.dumps({"step": step, "wall_s": round(wall_s, 2)}))
     staging.rename(out / f"checkpoint-{step}")  # a crash mid-save never leaves a half checkpoint
     ckpts = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))

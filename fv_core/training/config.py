@@ -1,0 +1,85 @@
+"""``fv train`` configuration: one YAML file, validated by pydantic with ``extra="forbid"``.
+
+The top level is method-independent (steps, batch, optimiser, logging, checkpoints); ``options``
+belongs to the method named by ``method`` and is validated by that method's own schema
+(``validate_options``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fv_core.errors import ConfigError, explain
+
+Options = TypeVar("Options", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """A config section that refuses unknown fields (a typo is an error, not a silent default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class OptimConfig(StrictModel):
+    """AdamW with linear warmup then constant or cosine decay, and grad-norm clipping."""
+
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(50, ge=0)
+    decay: Literal["constant", "cosine"] = "cosine"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine floor as a fraction of lr
+    grad_clip: float = Field(1.0, gt=0)
+
+
+class DataConfig(StrictModel):
+    """Which stream a method draws its clips or prompts from; ``kind`` is a name the method knows."""
+
+    kind: str = "shapes"
+    seed: int = 0
+
+
+class TrainConfig(StrictModel):
+    method: str  # a registered training method (`fv plugins` lists them)
+    output_dir: Path  # checkpoints, log.jsonl, loss.png; the final model goes to <output_dir>/final
+    seed: int = 0  # initialisation, timesteps, noise and caption dropout
+    steps: int = Field(gt=0)
+    batch_size: int = Field(8, gt=0)
+    threads: int = Field(1, gt=0)  # torch intra-op threads; 1 avoids oversubscription on shared CPUs
+    log_every: int = Field(10, gt=0)
+    eval_every: int = Field(200, gt=0)
+    checkpoint_every: int = Field(200, gt=0)
+    keep_checkpoints: int = Field(2, gt=0)
+    optim: OptimConfig = OptimConfig()
+    data: DataConfig = DataConfig()
+    options: dict[str, Any] = {}  # validated by the method's option schema
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read and validate a YAML config; relative ``output_dir`` and option paths resolve from the CWD."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read training config {str(path)!r}: {exc}") from exc
+    return validate(raw | (overrides or {}), source=str(path))
+
+
+def validate(raw: dict[str, Any], source: str = "config") -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, f"invalid {source}", TrainConfig.model_fields)) from None
+
+
+def validate_options(schema: type[Options], options: dict[str, Any], method: str) -> Options:
+    """``options`` checked against the method's schema; errors name the field, the rule and the fix."""
+    try:
+        return schema.model_validate(options)
+    except ValidationError as exc:
+        raise ConfigError(
+            explain(exc, f"invalid options of method {method!r}", schema.model_fields)
+        ) from None

@@ -1,0 +1,149 @@
+"""fv-wan's training adapter (``fv_core.training.TrainAdapter``): the Wan serve loop's step bodies
+over modules a training method chooses, and checkpoints in the diffusers layout.
+
+Conditioning and velocity run ``encode_body``, ``text_kv_body`` and ``denoise_body`` — the bodies
+``WanLoop`` serves with — as ``WorkPlan``s under the serve or train profile, so a method's forward is
+the server's forward. Text-to-video only (no image conditioning, one expert).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fv_core import ConfigError, LoadedModel, WorkPlan, WorkUnitKind
+from fv_core.training import run_body
+from fv_wan.conditioning import encode_condition_body
+from fv_wan.loop import clean_prompt, decode_body, denoise_body, encode_body, text_kv_body
+from fv_wan.tiny import WAN_SCHEDULER_CONFIG, word_tokenizer, write_pipeline_files
+
+RECIPE_FILE = "fv_recipe.json"
+
+
+class WanTrainAdapter:
+    """A loaded Wan text-to-video model seen by a training method."""
+
+    def __init__(self, model: LoadedModel, **defaults: Any) -> None:
+        variant = model.instance.variant
+        if variant.conditioning != "none" or len(variant.experts) > 1:
+            raise ConfigError(
+                f"{model.card.model_id!r} takes an image or has two experts; training methods run on "
+                "text-to-video Wan models with one transformer. Fix: train a Wan2.1 T2V card."
+            )
+        self.model = model
+        # the card's default size and prompt padding, with the method's overrides
+        self.defaults = model.prepare({"prompt": "-", **defaults}).params
+        self.num_train_timesteps = int(model.instance.scheduler_config["num_train_timesteps"])
+
+    def module(self, name: str) -> torch.nn.Module:
+        return self.model.instance.component(name)
+
+    def conditioning(
+        self, prompts: list[str], text_encoder: torch.nn.Module | None = None, train: bool = False
+    ) -> torch.Tensor:
+        enc = self.module("tokenizer")(
+            [clean_prompt(p) for p in prompts],
+            padding="max_length",
+            max_length=self.defaults.max_sequence_length,
+            truncation=True,
+            add_special_tokens=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        inputs = {"input_ids": enc.input_ids, "mask": enc.attention_mask}
+        encoder = text_encoder if text_encoder is not None else self.module("text_encoder")
+        return run_body(_plan(WorkUnitKind.ENCODER_CHUNK, encode_body, encoder, inputs), train)["embeds"]
+
+    def velocity(
+        self,
+        transformer: torch.nn.Module,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        embeds: torch.Tensor,
+        train: bool = False,
+    ) -> torch.Tensor:
+        kv_plan = _plan(WorkUnitKind.ENCODER_CHUNK, text_kv_body, transformer, {"text": embeds})
+        kv = run_body(kv_plan, train)["kv"]
+        inputs = {"latents": latents, "timestep": sigma * self.num_train_timesteps, "kv": kv}
+        return run_body(_plan(WorkUnitKind.DIFFUSION_STEP, denoise_body, transformer, inputs), train)[
+            "velocity"
+        ]
+
+    def noise(self, batch: int, generator: torch.Generator, **params: Any) -> torch.Tensor:
+        p, v = self.defaults.model_copy(update=params), self.model.instance.variant
+        shape = (
+            batch,
+            v.latent_channels,
+            (p.num_frames - 1) // v.temporal_scale + 1,
+            p.height // v.spatial_scale,
+            p.width // v.spatial_scale,
+        )
+        return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+    @torch.no_grad()
+    def encode_video(self, video: torch.Tensor) -> torch.Tensor:
+        plan = _plan(WorkUnitKind.VAE_TILE, encode_condition_body, self.module("vae"), {"video": video})
+        return run_body(plan, False)["latents"]
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        plan = _plan(WorkUnitKind.VAE_TILE, decode_body, self.module("vae"), {"latents": latents})
+        return run_body(plan, False)["frames"]
+
+    def export(self, folder: Path, modules: dict[str, torch.nn.Module], recipe: dict[str, Any]) -> None:
+        folder = Path(folder)
+        shutil.copytree(
+            self.model.weights, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns(RECIPE_FILE)
+        )
+        for name, module in modules.items():
+            shutil.rmtree(folder / name, ignore_errors=True)
+            module.save_pretrained(folder / name, safe_serialization=True)
+        (folder / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
+
+    @staticmethod
+    def init_checkpoint(
+        folder: Path,
+        transformer: dict[str, Any],
+        text_encoder: dict[str, Any],
+        vocabulary: list[str],
+        vae: Path,
+    ) -> None:
+        """A freshly initialised Wan2.1 T2V checkpoint: ``transformer`` (WanTransformer3DModel config)
+        and ``text_encoder`` (UMT5 config) from the global RNG, a word-level tokenizer over
+        ``vocabulary``, and the trained ``vae`` folder copied in."""
+        from diffusers import WanTransformer3DModel
+        from transformers import UMT5Config, UMT5EncoderModel
+
+        vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
+        for word in vocabulary:
+            vocab.setdefault(word, len(vocab))
+        config = UMT5Config(
+            vocab_size=len(vocab), pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, **text_encoder
+        )
+        if transformer.get("text_dim") != config.d_model:
+            raise ConfigError(
+                f"transformer.text_dim={transformer.get('text_dim')} must equal text_encoder.d_model="
+                f"{config.d_model}. Fix: set them equal."
+            )
+        folder = Path(folder)
+        WanTransformer3DModel(**transformer).save_pretrained(folder / "transformer", safe_serialization=True)
+        UMT5EncoderModel(config).save_pretrained(folder / "text_encoder", safe_serialization=True)
+        word_tokenizer(vocab).save_pretrained(folder / "tokenizer")
+        shutil.copytree(vae, folder / "vae", dirs_exist_ok=True)
+        write_pipeline_files(folder)
+
+
+def _plan(kind: WorkUnitKind, body: Any, module: torch.nn.Module, inputs: dict[str, Any]) -> WorkPlan:
+    """A plan of one of the Wan loop's own step bodies over ``module``."""
+    rows = next(v.shape[0] for v in inputs.values())
+    return WorkPlan(
+        kind=kind, body=partial(body, module), inputs=inputs, batch_size=rows, label=body.__name__
+    )
+
+
+__all__ = ["WAN_SCHEDULER_CONFIG", "WanTrainAdapter"]
