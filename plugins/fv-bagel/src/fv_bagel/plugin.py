@@ -1,4 +1,23 @@
-"""fv-bagel plugin entry point.
+"""fv-bagel's pluggy hooks (entry point ``fv.plugins: fv-bagel``). Everything is lazy: no model code is
+imported until a card is loaded."""
 
-Registers nothing yet: the BAGEL cards are not built. It installs and is discovered so deploy files can name it.
-"""
+from __future__ import annotations
+
+from fv_core import hookimpl
+
+CARDS = {
+    "bagel-tiny": "fv_bagel.cards:bagel_tiny",
+    "bagel-7b-mot": "fv_bagel.cards:bagel_7b_mot",
+}
+
+
+@hookimpl
+def fv_register_cards(register) -> None:
+    for model_id, factory in CARDS.items():
+        register(model_id, factory)
+
+
+@hookimpl
+def fv_register_loops(register) -> None:
+    register("bagel.chat", "fv_bagel.loop:ChatLoop")
+    register("bagel.t2i", "fv_bagel.loop:ImageLoop")

@@ -1,0 +1,140 @@
+"""BAGEL cards: BAGEL-7B-MoT in its published layout, and the tiny random-weight one written in that
+layout. Both serve ``chat`` (AR decode, images optional) and ``t2i`` (denoise) on ONE resident
+network: the two loops bind the same ``net`` component."""
+
+from __future__ import annotations
+
+from fv_core import (
+    CapabilityMatrix,
+    ComponentSpec,
+    LoopKind,
+    LoopSpec,
+    ModelCard,
+    ParitySpec,
+    PrecisionContract,
+    ProgramSpec,
+    RecipeSpec,
+    StepCostModel,
+    StepsContract,
+    WorkUnitKind,
+)
+
+# BAGEL's published inference settings (inferencer.py, app.py): text generation greedy (do_sample=False);
+# t2i: 50 timesteps, text CFG 4, image CFG 1, interval [0.4, 1], global renorm, shift 3.
+CHAT_DEFAULTS = dict(max_tokens=512, temperature=0.0, top_p=1.0, top_k=0, stop=[], think=False)
+T2I_DEFAULTS = dict(
+    height=1024,
+    width=1024,
+    num_inference_steps=50,
+    cfg_text_scale=4.0,
+    cfg_img_scale=1.0,
+    cfg_interval=(0.4, 1.0),
+    cfg_renorm_type="global",
+    cfg_renorm_min=0.0,
+    timestep_shift=3.0,
+)
+
+
+def components() -> dict[str, ComponentSpec]:
+    return {
+        "net": ComponentSpec(
+            kind="mot",
+            load_id="fv_bagel.net:BagelNet",
+            required_for={"chat", "t2i"},
+            resident_for={"chat", "t2i"},
+        ),
+        "tokenizer": ComponentSpec(
+            kind="tokenizer", load_id="transformers:AutoTokenizer", required_for={"chat", "t2i"}
+        ),
+        "vae": ComponentSpec(kind="vae", load_id="diffusers:AutoencoderKL", required_for={"t2i"}),
+    }
+
+
+def bagel_card(
+    model_id: str,
+    description: str,
+    cost: StepCostModel,
+    *,
+    t2i: dict,
+    chat: dict | None = None,
+    precision: PrecisionContract,
+    instance_factory: str = "fv_bagel.model:BagelModel",
+    default_weights: str | None = None,
+    max_resolution: tuple[int, int] | None = (1024, 1024),
+) -> ModelCard:
+    loops = {
+        "chat": LoopSpec(
+            kind=LoopKind.AR_DECODE,
+            work_unit_kind=WorkUnitKind.AR_TOKEN,
+            loop_factory="fv_bagel.loop:ChatLoop",
+            components=["net", "tokenizer"],
+            shared_weight_components=["net"],
+            step_cost=cost,
+            params="fv_bagel.params:TextParams",
+            accepts=["image"],
+        ),
+        "t2i": LoopSpec(
+            kind=LoopKind.DIFFUSION_DENOISE,
+            work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
+            loop_factory="fv_bagel.loop:ImageLoop",
+            components=["net", "tokenizer", "vae"],
+            shared_weight_components=["net"],
+            step_cost=cost,
+            steps=StepsContract(min_steps=2, max_steps=1000),
+            samplers=["euler"],
+            params="fv_bagel.params:ImageParams",
+        ),
+    }
+    programs = {
+        "chat": ProgramSpec(
+            stages=["chat"], defaults={**CHAT_DEFAULTS, **(chat or {})}, outputs=["text"],
+            description="text (and images) in, text out: understanding and chat",
+        ),
+        "t2i": ProgramSpec(
+            stages=["t2i"], defaults={**T2I_DEFAULTS, **t2i}, outputs=["image"], description="text to image",
+        ),
+    }  # fmt: skip
+    return ModelCard(
+        model_id=model_id,
+        family="bagel",
+        description=description,
+        components=components(),
+        loops=loops,
+        programs=programs,
+        recipe=RecipeSpec(
+            method="base", assumes_loop="t2i", description="BAGEL MoT: next-token prediction + rectified flow"
+        ),
+        parity=ParitySpec(level="C0", reference="transformers:Qwen3DecoderLayer"),
+        capabilities=CapabilityMatrix(max_resolution=max_resolution),
+        precision=precision,
+        default_weights=default_weights,
+        instance_factory=instance_factory,
+    )
+
+
+def bagel_7b_mot() -> ModelCard:
+    return bagel_card(
+        "bagel-7b-mot",
+        "BAGEL-7B-MoT (ByteDance-Seed/BAGEL-7B-MoT, published layout: ema.safetensors, ae.safetensors, "
+        "llm_config.json, vit_config.json, the Qwen2 tokenizer; pass --weights): chat, understanding and t2i "
+        "on one resident MoT.",
+        StepCostModel(base_s=0.02, per_token_s=2e-5, peak_bytes_per_token=400_000),
+        t2i={},
+        precision=PrecisionContract(supported=["bfloat16", "float32"], default="bfloat16"),
+    )
+
+
+def bagel_tiny() -> ModelCard:
+    return bagel_card(
+        "bagel-tiny",
+        "BAGEL's MoT architecture at tiny size with RANDOM weights (fixed seed): its text and images are "
+        "noise, for tests, demos and benchmarks. Written on first use into the fv cache in the published "
+        "layout; runs row-invariant math (batched and ragged steps equal solo runs bit for bit).",
+        StepCostModel(base_s=0.005, per_token_s=1e-5),
+        t2i=dict(height=64, width=64, num_inference_steps=8),
+        chat=dict(max_tokens=16),
+        precision=PrecisionContract(supported=["float32"], default="float32"),
+        instance_factory="fv_bagel.model:exact_model",
+        default_weights="fv_bagel.tiny:tiny_weights",
+        max_resolution=(128, 128),
+    )

@@ -1,0 +1,139 @@
+"""BAGEL checkpoints in their published layout (ByteDance-Seed/BAGEL-7B-MoT), unchanged:
+
+  ema.safetensors    the MoT language model, generation heads, SigLIP tower, connector, tables
+  ae.safetensors     the FLUX autoencoder (Black Forest Labs' key names)
+  llm_config.json    Qwen2 config of the decoder
+  vit_config.json    SigLIP config of the tower (BAGEL runs one layer fewer than it lists)
+  tokenizer.json / vocab.json + merges.txt, tokenizer_config.json   the Qwen2 tokenizer
+
+Only safetensors are read; a folder holding pickle files is refused before anything is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fv_core import WeightsError
+from fv_core.weights import refuse_pickles
+
+LAYOUT = """\
+  ema.safetensors   llm_config.json   vit_config.json   ae.safetensors
+  tokenizer.json (or vocab.json + merges.txt) and tokenizer_config.json"""
+REQUIRED = ("ema.safetensors", "llm_config.json", "vit_config.json", "tokenizer_config.json")
+SPECIAL_TOKENS = {  # BAGEL's new_token_ids: name -> token (Qwen2.5's own special tokens)
+    "bos_token_id": "<|im_start|>",
+    "eos_token_id": "<|im_end|>",
+    "start_of_image": "<|vision_start|>",
+    "end_of_image": "<|vision_end|>",
+}
+
+
+def _fail(folder: Path, problem: str) -> None:
+    raise WeightsError(
+        f"{problem} (in {str(folder)!r}). A BAGEL checkpoint is the published folder:\n{LAYOUT}\n"
+        "Fix: point --weights at such a folder (e.g. a download of ByteDance-Seed/BAGEL-7B-MoT)."
+    )
+
+
+def check_layout(folder: str | Path, vae: bool = False) -> Path:
+    """The folder as a Path once it holds the published files (``ae.safetensors`` too with ``vae``)."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        _fail(folder, "weights folder does not exist")
+    refuse_pickles(folder)
+    for name in (*REQUIRED, *(("ae.safetensors",) if vae else ())):
+        if not (folder / name).is_file():
+            _fail(folder, f"{name} is missing")
+    if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.json").is_file():
+        _fail(folder, "neither tokenizer.json nor vocab.json + merges.txt is there")
+    return folder
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise WeightsError(
+            f"{str(path)!r} is not valid JSON ({exc}). Fix: repair or re-download it."
+        ) from None
+
+
+def llm_config(folder: Path) -> Any:
+    """The decoder's Qwen2 config as BAGEL runs it (q/k norm on, untied head)."""
+    from transformers import Qwen2Config
+
+    data = read_json(folder / "llm_config.json")
+    data.update(tie_word_embeddings=False)
+    return Qwen2Config(
+        **{k: v for k, v in data.items() if k not in ("architectures", "transformers_version")}
+    )
+
+
+def vit_config(folder: Path) -> Any:
+    """The SigLIP config as BAGEL runs it: no RoPE, one layer fewer than the file lists."""
+    from transformers import SiglipVisionConfig
+
+    data = read_json(folder / "vit_config.json")
+    data["num_hidden_layers"] = int(data["num_hidden_layers"]) - 1
+    config = SiglipVisionConfig(**{k: v for k, v in data.items() if k not in ("architectures", "rope")})
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """Each tensor's shape from a safetensors header (nothing else is read)."""
+    with path.open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def load_net(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
+    """``BagelNet`` with every tensor of ``ema.safetensors`` (strict: none missing, none left over)."""
+    from safetensors.torch import load_file
+
+    from fv_bagel.net import BagelNet
+
+    shapes = tensor_shapes(folder / "ema.safetensors")
+    try:
+        latent_dim = shapes["vae2llm.weight"][1]
+        max_latent = math.isqrt(shapes["latent_pos_embed.pos_embed"][0])
+        vit_side = math.isqrt(shapes["vit_pos_embed.pos_embed"][0])
+    except KeyError as exc:
+        raise WeightsError(
+            f"ema.safetensors in {str(folder)!r} has no {exc}: not a BAGEL MoT checkpoint. Fix: use BAGEL-7B-MoT."
+        ) from None
+    llm, vit = llm_config(folder), vit_config(folder)
+    with torch.device("meta"):
+        net = BagelNet(
+            llm, vit, latent_channels=latent_dim // 4, max_latent_size=max_latent, vit_side=vit_side
+        )
+    state = load_file(str(folder / "ema.safetensors"), device=str(device))
+    missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise WeightsError(
+            f"ema.safetensors in {str(folder)!r} does not fit its configs: missing {sorted(missing)[:6]}, "
+            f"unexpected {sorted(unexpected)[:6]}. Fix: keep ema.safetensors, llm_config.json and "
+            "vit_config.json from the same BAGEL checkpoint."
+        )
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+    with torch.device(device):  # its inv_freq buffer is not in the file: computed again off meta
+        net.language_model.model.rotary_emb = Qwen2RotaryEmbedding(config=llm)
+    return net.to(dtype=dtype).eval()
+
+
+def load_tokenizer(folder: Path) -> tuple[Any, dict[str, int]]:
+    """The Qwen2 tokenizer and BAGEL's special token ids (each must be in its vocabulary)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in SPECIAL_TOKENS.items()}
+    unknown = [SPECIAL_TOKENS[n] for n, i in ids.items() if i is None or i == tokenizer.unk_token_id]
+    if unknown:
+        _fail(folder, f"the tokenizer lacks BAGEL's special tokens {unknown}")
+    return tokenizer, ids

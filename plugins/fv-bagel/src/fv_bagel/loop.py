@@ -1,0 +1,573 @@
+"""BAGEL's two loops over one resident network: AR decode (``chat``) and image denoise (``t2i``).
+
+A request's context is a list of segments appended to its KV cache in order: a text segment is
+``<|im_start|> text <|im_end|>`` (causal, one RoPE position per token), an image segment is
+``<|vision_start|> ViT tokens <|vision_end|>`` (bidirectional inside, every token at one RoPE
+position, which then advances by one). Each segment is one prefill WorkUnit that appends its
+keys/values to ``state.tensors`` (per layer, ``[layers, kv heads, length, head dim]``).
+
+AR decode: each token step feeds the last token at the next position and appends its keys/values;
+sampling (greedy / temperature / top-k / top-p), EOS, stop strings and ``max_tokens`` run in
+``advance`` on the request's own generator. Token steps of different requests batch as rows: each
+row's context is padded to a shared length bucket (``BUCKET``) with its real tokens marked, so
+requests of different lengths share one call (ragged batching).
+
+Denoise: ``<|vision_start|> latents <|vision_end|>`` is a query over the context that attends to
+it and to itself in full and is never written to the cache (the prefix is reused by every step).
+The latent tokens run on the generation expert, the two markers on the understanding expert.
+CFG runs the same query over the text-unconditioned and image-unconditioned contexts, as extra
+rows of the step; the guided velocity, its renorm and the Euler update run in ``advance``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from fv_bagel.model import BagelModel
+from fv_bagel.mot import grid_ids, linear
+from fv_bagel.params import ImageParams, TextParams
+from fv_core import (
+    BatchKey,
+    ConfigError,
+    Done,
+    LoopResult,
+    LoopState,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+)
+
+BUCKET = 16  # context lengths are padded up to a multiple of this in step inputs (ragged rows batch)
+
+VLM_THINK_SYSTEM_PROMPT = (  # BAGEL's system prompts for thinking (inferencer.py)
+    "You should first think about the reasoning process in the mind and then provide the user with the answer. \n"
+    "The reasoning process is enclosed within <think> </think> tags, i.e. <think> reasoning process here </think> "
+    "answer here"
+)
+GEN_THINK_SYSTEM_PROMPT = (
+    "You should first think about the planning process in the mind and then generate the image. \n"
+    "The planning process is enclosed within <think> </think> tags, i.e. <think> planning process here </think> "
+    "image here"
+)
+
+
+# ---- step bodies: pure functions of their inputs over the shared network ----
+
+
+def text_body(net: Any, exact: bool, causal: bool, inputs: dict[str, Any]) -> dict[str, Any]:
+    """A block of tokens per row over its context: its keys/values and the next-token logits."""
+    ids = inputs["ids"]
+    t = ids.shape[1]
+    mask = torch.ones(t, t, dtype=torch.bool, device=ids.device)
+    mask = mask.tril() if causal else mask
+    lm = net.language_model
+    h, k, v = lm(
+        net.embed_tokens(ids),
+        inputs["pos"],
+        mask,
+        inputs["ctx_k"],
+        inputs["ctx_v"],
+        inputs["ctx_valid"],
+        exact=exact,
+    )
+    return {"k": k, "v": v, "logits": linear(h[:, -1], lm.lm_head, exact)}
+
+
+def vit_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any]:
+    """One image for understanding: SigLIP tokens between the vision markers, prefilled in full attention."""
+    markers = net.embed_tokens(inputs["ids"])  # [1, 2]
+    vit = net.vit_embeds(inputs["patches"][0], inputs["vit_ids"][0])[None].to(markers.dtype)
+    h = torch.cat([markers[:, :1], vit, markers[:, 1:]], dim=1)
+    mask = torch.ones(h.shape[1], h.shape[1], dtype=torch.bool, device=h.device)
+    _, k, v = net.language_model(
+        h, inputs["pos"], mask, inputs["ctx_k"], inputs["ctx_v"], inputs["ctx_valid"], exact=exact
+    )
+    return {"k": k, "v": v}
+
+
+def denoise_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Velocity of the latent tokens ``[R, N, p*p*C]`` at flow time ``t`` over each row's context
+    (nothing is written to the context)."""
+    x, t = inputs["latents"], inputs["t"]
+    markers = net.embed_tokens(inputs["ids"])  # [R, 2]
+    lat = net.latent_embeds(x, t, inputs["grid"][0], exact).to(markers.dtype)
+    h = torch.cat([markers[:, :1], lat, markers[:, 1:]], dim=1)
+    n = h.shape[1]
+    gen = torch.zeros(h.shape[:2], dtype=torch.bool, device=h.device)
+    gen[:, 1:-1] = True
+    mask = torch.ones(n, n, dtype=torch.bool, device=h.device)
+    out, _, _ = net.language_model(
+        h, inputs["pos"], mask, inputs["ctx_k"], inputs["ctx_v"], inputs["ctx_valid"], gen=gen, exact=exact
+    )
+    return {"velocity": linear(out[:, 1:-1], net.llm2vae, exact).float()}
+
+
+def decode_body(vae: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """FLUX latents ``[B, C, h, w]`` to images ``[B, H, W, 3]`` in 0..1 (BAGEL's decode_image)."""
+    z = inputs["latents"].to(vae.dtype)
+    image = vae.decode(z / vae.config.scaling_factor + vae.config.shift_factor).sample
+    return {"frames": (image * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float()}
+
+
+# ---- context helpers ----
+
+
+def empty_context(inst: BagelModel) -> dict[str, Any]:
+    layers, kvh, d = inst.net.language_model.kv_shape
+    empty = torch.zeros(layers, kvh, 0, d, dtype=inst.dtype, device=inst.device)
+    return {"k": empty, "v": empty, "rope": 0}
+
+
+def bucket(length: int) -> int:
+    return max(BUCKET, -(-length // BUCKET) * BUCKET)
+
+
+def padded(contexts: list[dict[str, Any]], size: int) -> dict[str, torch.Tensor]:
+    """Rows' contexts as step inputs: keys/values ``[R, layers, kvh, size, d]`` and the real-token mask."""
+    ks, vs, valid = [], [], []
+    for ctx in contexts:
+        k, v = ctx["k"], ctx["v"]
+        pad = size - k.shape[2]
+        ks.append(torch.nn.functional.pad(k, (0, 0, 0, pad)))
+        vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
+        valid.append(torch.arange(size, device=k.device) < k.shape[2])
+    return {"ctx_k": torch.stack(ks), "ctx_v": torch.stack(vs), "ctx_valid": torch.stack(valid)}
+
+
+def append(ctx: dict[str, Any], k: torch.Tensor, v: torch.Tensor, rope_advance: int) -> dict[str, Any]:
+    return {
+        "k": torch.cat([ctx["k"], k], dim=2),
+        "v": torch.cat([ctx["v"], v], dim=2),
+        "rope": ctx["rope"] + rope_advance,
+    }
+
+
+def text_ids(inst: BagelModel, text: str) -> list[int]:
+    """A text segment as BAGEL prefills it: ``<|im_start|> tokens <|im_end|>``."""
+    sp = inst.special
+    return [sp["bos_token_id"], *inst.tokenizer.encode(text), sp["eos_token_id"]]
+
+
+def vit_patches(inst: BagelModel, image: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """An image ``[H, W, 3]`` in 0..1 as SigLIP NaViT patches: resized so its long side is at most the
+    tower's table and its short side at least 16 patches (both multiples of the patch), normalized to
+    -1..1; returns patches ``[N, p*p*3]`` (row-major, each ``p x p x 3``) and their flattened ids."""
+    from PIL import Image
+
+    net = inst.net
+    p, side = net.vit_model.config.patch_size, net.vit_side
+    max_size, min_size = side * p, min(16 * p, side * p // 2)
+    height, width = image.shape[:2]
+    scale = min(max_size / max(width, height), 1.0)
+    scale = max(scale, min_size / min(width, height))
+
+    def fit(value: float) -> int:
+        return max(p, int(round(value / p) * p))
+
+    new_w, new_h = fit(width * scale), fit(height * scale)
+    if max(new_w, new_h) > max_size:
+        s = max_size / max(new_w, new_h)
+        new_w, new_h = fit(new_w * s), fit(new_h * s)
+    pil = Image.fromarray((np.clip(image, 0, 1) * 255).round().astype(np.uint8)).resize(
+        (new_w, new_h), Image.Resampling.BILINEAR
+    )
+    pixels = torch.from_numpy(np.asarray(pil, dtype=np.float32) / 255.0) * 2 - 1  # [H, W, 3]
+    rows, cols = new_h // p, new_w // p
+    patches = pixels.reshape(rows, p, cols, p, 3).permute(0, 2, 1, 3, 4).reshape(rows * cols, p * p * 3)
+    return patches.to(inst.dtype), grid_ids(rows, cols, side)
+
+
+def _check_request(inst: BagelModel, request: Any, cls: type) -> Any:
+    p = request.params
+    if not isinstance(p, cls):
+        raise ConfigError(
+            f"request {request.request_id!r} carries {type(p).__name__} params, not {cls.__name__}. "
+            "Fix: build requests with LoadedModel.prepare (fv_core.load(...).prepare(...))."
+        )
+    return p
+
+
+def _check_positions(inst: BagelModel, needed: int, what: str) -> None:
+    limit = inst.net.language_model.config.max_position_embeddings
+    if needed > limit:
+        raise ConfigError(
+            f"{what} needs {needed} positions; this model has {limit}. Fix: shorten the prompt or lower max_tokens.",
+            param="prompt",
+        )
+
+
+def _plan_inputs(contexts: list[dict[str, Any]], **tensors: torch.Tensor) -> dict[str, Any]:
+    size = bucket(max(c["k"].shape[2] for c in contexts))
+    return {**tensors, **padded(contexts, size)}
+
+
+class _Base:
+    def __init__(self, instance: BagelModel) -> None:
+        self.instance = instance
+
+    def _key(self, kind: str, shape: tuple) -> BatchKey:
+        inst = self.instance
+        return BatchKey(
+            inst.instance_id, kind, shape, inst.precision, graph_key="exact" if inst.exact else ""
+        )
+
+    def _segment_plan(self, ctx: dict[str, Any], segment: dict[str, Any], state: LoopState) -> WorkPlan:
+        """The prefill WorkUnit of one context segment (a text or an understanding image)."""
+        inst = self.instance
+        net = inst.net
+        dev = inst.device
+        if segment["kind"] == "text":
+            ids = torch.tensor([segment["ids"]], device=dev)
+            pos = ctx["rope"] + torch.arange(ids.shape[1], device=dev)[None]
+            return WorkPlan(
+                kind=WorkUnitKind.AR_PREFILL,
+                body=partial(text_body, net, inst.exact, True),
+                inputs=_plan_inputs([ctx], ids=ids, pos=pos),
+                label=f"prefill {ids.shape[1]} tokens",
+            )
+        patches = state.tensors[f"image{segment['index']}.patches"]
+        vit = state.tensors[f"image{segment['index']}.ids"]
+        sp = inst.special
+        ids = torch.tensor([[sp["start_of_image"], sp["end_of_image"]]], device=dev)
+        pos = torch.full((1, patches.shape[0] + 2), ctx["rope"], device=dev)
+        return WorkPlan(
+            kind=WorkUnitKind.ENCODER_CHUNK,
+            body=partial(vit_body, net, inst.exact),
+            inputs=_plan_inputs([ctx], ids=ids, pos=pos, patches=patches[None], vit_ids=vit[None]),
+            label=f"image {patches.shape[0]} ViT tokens",
+        )
+
+    @staticmethod
+    def _fold_segment(ctx: dict[str, Any], segment: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+        advance = len(segment["ids"]) if segment["kind"] == "text" else 1
+        return append(ctx, out["k"][0], out["v"][0], advance)
+
+    def _add_images(self, state: LoopState, request: Any) -> list[dict[str, Any]]:
+        segments = []
+        for i, part in enumerate(p for p in request.parts if p.kind == "image"):
+            patches, ids = vit_patches(self.instance, part.image)
+            state.tensors[f"image{i}.patches"], state.tensors[f"image{i}.ids"] = patches, ids
+            segments.append({"kind": "image", "index": i})
+        return segments
+
+
+class ChatLoop(_Base):
+    """AR decode (task ``chat``): prefill the images and the prompt, then one token per step."""
+
+    def init(self, request: Any, instance: Any = None, ctx: Any = None) -> LoopState:
+        inst = self.instance
+        p = _check_request(inst, request, TextParams)
+        segments = []
+        if p.think:
+            segments.append({"kind": "text", "ids": text_ids(inst, VLM_THINK_SYSTEM_PROMPT)})
+        state = LoopState(
+            request_id=request.request_id,
+            loop_id=inst.card.programs[request.task].stages[0],
+            generator=torch.Generator(device="cpu").manual_seed(p.seed),
+        )
+        segments += self._add_images(state, request)
+        segments.append({"kind": "text", "ids": text_ids(inst, p.prompt)})
+        prefix = sum(len(s["ids"]) if s["kind"] == "text" else 2 + len(state.tensors[f"image{s['index']}.ids"])
+                     for s in segments)  # fmt: skip
+        _check_positions(
+            inst, prefix + p.max_tokens + 1, f"a prompt of {prefix} tokens plus max_tokens={p.max_tokens}"
+        )
+        state.values.update(
+            segments=segments,
+            token=inst.special["bos_token_id"],  # the first decode step feeds <|im_start|>
+            generated=[],
+            text="",
+            stop_reason=None,
+            sampling=dict(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k),
+            max_tokens=p.max_tokens,
+            stop=list(p.stop),
+            weights_versions=dict(inst.weights_versions),
+        )
+        self._set_ctx(state, empty_context(inst))
+        return state
+
+    @staticmethod
+    def _ctx(state: LoopState) -> dict[str, Any]:
+        return {"k": state.tensors["k"], "v": state.tensors["v"], "rope": state.values["rope"]}
+
+    @staticmethod
+    def _set_ctx(state: LoopState, ctx: dict[str, Any]) -> None:
+        state.tensors["k"], state.tensors["v"], state.values["rope"] = ctx["k"], ctx["v"], ctx["rope"]
+
+    def next(self, state: LoopState) -> WorkPlan | Done:
+        if state.values["segments"]:
+            return self._segment_plan(self._ctx(state), state.values["segments"][0], state)
+        if state.values["stop_reason"] is not None:
+            return Done(state.values["stop_reason"])
+        inst, ctx = self.instance, self._ctx(state)
+        dev = inst.device
+        ids = torch.tensor([[state.values["token"]]], device=dev)
+        pos = torch.tensor([[ctx["rope"]]], device=dev)
+        inputs = _plan_inputs([ctx], ids=ids, pos=pos)
+        return WorkPlan(
+            kind=WorkUnitKind.AR_TOKEN,
+            body=partial(text_body, inst.net, inst.exact, True),
+            inputs=inputs,
+            batch_key=self._key("ar_decode", (inputs["ctx_k"].shape[3],)),
+            label=f"token {len(state.values['generated']) + 1}",
+        )
+
+    def advance(self, state: LoopState, result: StepResult) -> LoopState:
+        out, ctx = result.outputs, self._ctx(state)
+        if state.values["segments"]:
+            segment = state.values["segments"].pop(0)
+            self._set_ctx(state, self._fold_segment(ctx, segment, out))
+            return state
+        self._set_ctx(state, append(ctx, out["k"][0], out["v"][0], 1))
+        state.step += 1
+        token = sample(out["logits"][0].float(), state.generator, **state.values["sampling"])
+        self._take(state, token)
+        return state
+
+    def _take(self, state: LoopState, token: int) -> None:
+        """Fold one sampled token: EOS, then stop strings, then max_tokens."""
+        inst, values = self.instance, state.values
+        if token == inst.special["eos_token_id"]:
+            values["stop_reason"] = "eos"
+            return
+        values["generated"].append(token)
+        values["token"] = token
+        text = inst.tokenizer.decode(values["generated"])
+        hits = [i for s in values["stop"] if (i := text.find(s)) >= 0]
+        if hits:
+            values["text"], values["stop_reason"] = text[: min(hits)], "stop"
+            return
+        values["text"] = text
+        if len(values["generated"]) >= values["max_tokens"]:
+            values["stop_reason"] = "max_tokens"
+
+    def finalize(self, state: LoopState) -> LoopResult:
+        v = state.values
+        return LoopResult(
+            outputs={"text": v["text"], "tokens": torch.tensor(v["generated"], dtype=torch.long)},
+            metrics={
+                "steps": state.step,
+                "stop_reason": v["stop_reason"],
+                "completion_tokens": len(v["generated"]),
+                "prompt_tokens": int(state.tensors["k"].shape[2]) - state.step,
+                "weights_versions": v["weights_versions"],
+            },
+        )
+
+
+def sample(
+    logits: torch.Tensor, generator: torch.Generator, temperature: float, top_p: float, top_k: int
+) -> int:
+    """One token from ``logits`` ``[V]``: greedy at temperature 0, else top-k, then top-p, then a draw."""
+    if temperature <= 0.0:
+        return int(torch.argmax(logits))
+    logits = logits.cpu() / temperature
+    if 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        order = torch.argsort(logits, descending=True)
+        probs = torch.softmax(logits[order], dim=-1)
+        drop = probs.cumsum(0) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        logits[order[drop]] = float("-inf")
+    return int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
+
+
+# ---- image denoise ----
+
+
+def schedule(steps: int, shift: float) -> tuple[list[float], list[float]]:
+    """BAGEL's flow times: ``steps`` points from 1 to 0, shifted; returns the times run and their Euler dts."""
+    t = torch.linspace(1, 0, steps)
+    t = shift * t / (1 + (shift - 1) * t)
+    return t[:-1].tolist(), (t[:-1] - t[1:]).tolist()
+
+
+def guide(
+    v: torch.Tensor, v_text: torch.Tensor | None, v_img: torch.Tensor | None, text_scale: float, img_scale: float,
+    renorm: str, renorm_min: float,
+) -> torch.Tensor:  # fmt: skip
+    """BAGEL's guided velocity: text CFG, then image CFG, renormed to at most the conditional's norm
+    (``global``: over the whole image; ``channel``: per token; ``text_channel``: the text CFG per token)."""
+    if v_text is None:
+        return v
+    guided = v_text + text_scale * (v - v_text)
+    if renorm == "text_channel":
+        scale = torch.norm(v, dim=-1, keepdim=True) / (torch.norm(guided, dim=-1, keepdim=True) + 1e-8)
+        guided = guided * scale.clamp(min=renorm_min, max=1.0)
+        return v_img + img_scale * (guided - v_img) if v_img is not None else guided
+    if v_img is not None:
+        guided = v_img + img_scale * (guided - v_img)
+    if renorm == "global":
+        scale = torch.norm(v) / (torch.norm(guided) + 1e-8)
+    else:
+        scale = torch.norm(v, dim=-1, keepdim=True) / (torch.norm(guided, dim=-1, keepdim=True) + 1e-8)
+    return guided * scale.clamp(min=renorm_min, max=1.0)
+
+
+class ImageLoop(_Base):
+    """Image denoise (task ``t2i``): prefill the prompt, then Euler steps over the latent tokens with
+    text (and image) CFG, then the FLUX decode. The denoise reuses the contexts' caches, never writes them."""
+
+    CONTEXTS = ("cond", "text_uncond", "img_uncond")
+
+    def init(self, request: Any, instance: Any = None, ctx: Any = None) -> LoopState:
+        inst = self.instance
+        p = _check_request(inst, request, ImageParams)
+        net = inst.net
+        down = 8 * net.latent_patch_size  # the FLUX VAE is x8; 2x2 latent patches
+        rows, cols = p.height // down, p.width // down
+        if max(rows, cols) > net.max_latent_size:
+            most = net.max_latent_size * down
+            raise ConfigError(
+                f"size {p.width}x{p.height} exceeds this model's latent table ({most} px a side). "
+                f"Fix: use at most {most}x{most}",
+                param="height",
+            )
+        gen = torch.Generator(device="cpu").manual_seed(p.seed)
+        times, dts = schedule(p.num_inference_steps, p.timestep_shift)
+        state = LoopState(
+            request_id=request.request_id,
+            loop_id=inst.card.programs[request.task].stages[0],
+            total_steps=len(times),
+            generator=gen,
+        )
+        prompt = text_ids(inst, p.prompt)
+        _check_positions(inst, len(prompt) + 1, f"a prompt of {len(prompt)} tokens")
+        dim = net.latent_patch_size**2 * net.latent_channels
+        noise = torch.randn(rows * cols, dim, generator=gen, dtype=torch.float32)
+        state.tensors.update(latents=noise.to(inst.device), grid=grid_ids(rows, cols, net.max_latent_size))
+        empty = empty_context(inst)
+        for name in self.CONTEXTS:
+            state.tensors[f"{name}.k"], state.tensors[f"{name}.v"] = empty["k"], empty["v"]
+            state.values[f"{name}.rope"] = 0
+        # t2i: the text-unconditioned context is the empty one before the prompt; the image-unconditioned
+        # context holds the prompt (no image), so it IS the conditional one: an alias, not a copy
+        state.values.update(
+            pending=[("cond", {"kind": "text", "ids": prompt})],
+            aliases={"img_uncond": "cond"},
+            times=times,
+            dts=dts,
+            grid_shape=[rows, cols],
+            phase="prefill",
+            guidance=dict(
+                text_scale=p.cfg_text_scale,
+                img_scale=p.cfg_img_scale,
+                interval=list(p.cfg_interval),
+                renorm=p.cfg_renorm_type,
+                renorm_min=p.cfg_renorm_min,
+            ),  # fmt: skip
+            branches_run=[],
+            weights_versions=dict(inst.weights_versions),
+        )
+        return state
+
+    def _ctx(self, state: LoopState, name: str) -> dict[str, Any]:
+        name = state.values["aliases"].get(name, name)
+        t = state.tensors
+        return {"k": t[f"{name}.k"], "v": t[f"{name}.v"], "rope": state.values[f"{name}.rope"]}
+
+    def _branches(self, state: LoopState, t: float) -> list[str]:
+        g = state.values["guidance"]
+        lo, hi = g["interval"]
+        if not (lo < t <= hi) or g["text_scale"] <= 1.0:
+            return ["cond"]  # outside the interval (or without text CFG) the conditional alone
+        return ["cond", "text_uncond"] + (["img_uncond"] if g["img_scale"] > 1.0 else [])
+
+    def next(self, state: LoopState) -> WorkPlan | Done:
+        v = state.values
+        if v["pending"]:
+            name, segment = v["pending"][0]
+            return self._segment_plan(self._ctx(state, name), segment, state)
+        if v["phase"] == "denoise":
+            return self._denoise_plan(state)
+        if v["phase"] == "decode":
+            return self._decode_plan(state)
+        return Done()
+
+    def _denoise_plan(self, state: LoopState) -> WorkPlan:
+        inst, v = self.instance, state.values
+        t = v["times"][state.step]
+        branches = self._branches(state, t)
+        contexts = [self._ctx(state, b) for b in branches]
+        rows, n = len(branches), state.tensors["latents"].shape[0]
+        dev = inst.device
+        sp = inst.special
+        pos = torch.tensor([[c["rope"]] * (n + 2) for c in contexts], device=dev)
+        inputs = _plan_inputs(
+            contexts,
+            latents=state.tensors["latents"].to(inst.dtype)[None].expand(rows, -1, -1),
+            t=torch.full((rows,), t, device=dev),
+            ids=torch.tensor([[sp["start_of_image"], sp["end_of_image"]]] * rows, device=dev),
+            grid=state.tensors["grid"][None].expand(rows, -1),
+            pos=pos,
+        )
+        return WorkPlan(
+            kind=WorkUnitKind.DIFFUSION_STEP,
+            body=partial(denoise_body, inst.net, inst.exact),
+            inputs=inputs,
+            batch_key=self._key("diffusion_denoise", (*v["grid_shape"], inputs["ctx_k"].shape[3])),
+            batch_size=rows,
+            label=f"denoise {state.step + 1}/{state.total_steps} ({'+'.join(branches)})",
+        )
+
+    def _decode_plan(self, state: LoopState) -> WorkPlan:
+        inst = self.instance
+        net = inst.net
+        rows, cols = state.values["grid_shape"]
+        p, c = net.latent_patch_size, net.latent_channels
+        x = state.tensors["latents"].reshape(rows, cols, p, p, c)
+        latents = torch.einsum("hwpqc->chpwq", x).reshape(1, c, rows * p, cols * p)
+        vae = inst.component("vae")
+        return WorkPlan(
+            kind=WorkUnitKind.VAE_TILE,
+            body=partial(decode_body, vae),
+            inputs={"latents": latents},
+            batch_key=self._key("vae_decode", tuple(latents.shape[1:])),
+            label="vae decode",
+        )
+
+    def advance(self, state: LoopState, result: StepResult) -> LoopState:
+        v, out = state.values, result.outputs
+        if v["pending"]:
+            name, segment = v["pending"].pop(0)
+            ctx = self._fold_segment(self._ctx(state, name), segment, out)
+            state.tensors[f"{name}.k"], state.tensors[f"{name}.v"], v[f"{name}.rope"] = (
+                ctx["k"],
+                ctx["v"],
+                ctx["rope"],
+            )
+            if not v["pending"]:
+                v["phase"] = "denoise"
+            return state
+        if v["phase"] == "decode":
+            state.tensors["frames"] = out["frames"]
+            v["phase"] = "done"
+            return state
+        branches = self._branches(state, v["times"][state.step])
+        rows = dict(zip(branches, out["velocity"].float(), strict=True))
+        g = v["guidance"]
+        velocity = guide(
+            rows["cond"], rows.get("text_uncond"), rows.get("img_uncond"), g["text_scale"], g["img_scale"],
+            g["renorm"], g["renorm_min"],
+        )  # fmt: skip
+        state.tensors["latents"] = state.tensors["latents"] - velocity * v["dts"][state.step]
+        v["branches_run"].append(len(branches))
+        state.step += 1
+        if state.step == state.total_steps:
+            v["phase"] = "decode"
+        return state
+
+    def finalize(self, state: LoopState) -> LoopResult:
+        return LoopResult(
+            outputs={"frames": state.tensors["frames"], "latents": state.tensors["latents"]},
+            metrics={
+                "steps": state.step,
+                "branches_run": state.values["branches_run"],
+                "weights_versions": state.values["weights_versions"],
+            },
+        )

@@ -1,0 +1,100 @@
+"""A live BAGEL instance: one resident network serves every loop (AR decode and denoise) of every
+request. Components load on first use: ``net`` (``ema.safetensors``) and ``tokenizer`` for any
+request, the FLUX ``vae`` only when an image is decoded (a text-only request never loads it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fv_bagel.checkpoint import check_layout, load_net, load_tokenizer
+from fv_core import ConfigError, ModelCard
+from fv_core.weights import file_fingerprint
+
+_IDS = itertools.count()
+COMPONENTS = ("net", "tokenizer", "vae")
+
+
+class BagelModel:
+    """Resident components of one card on one checkpoint (the ``instance`` BAGEL loops run against).
+
+    :param exact: run the row-invariant math of :mod:`fv_bagel.mot` (batched == alone, bit for bit).
+    """
+
+    def __init__(
+        self,
+        card: ModelCard,
+        weights: str | Path,
+        device: str | torch.device = "cpu",
+        kernels: dict[str, Any] | None = None,
+        exact: bool = False,
+    ) -> None:
+        self.card = card
+        self.weights = check_layout(weights)
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, card.precision.default)
+        self.exact = exact
+        self.kernels = kernels or {}
+        self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
+        self.weights_versions = {"net": file_fingerprint(self.weights / "ema.safetensors")}
+        if (self.weights / "ae.safetensors").is_file():
+            self.weights_versions["vae"] = file_fingerprint(self.weights / "ae.safetensors")
+        self._components: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def component(self, name: str) -> Any:
+        """The live component ``name`` (``net``, ``tokenizer`` or ``vae``), loaded on first use."""
+        if name not in COMPONENTS:
+            raise ConfigError(f"BAGEL has no component {name!r}. Fix: use one of {list(COMPONENTS)}")
+        with self._lock:
+            if name not in self._components:
+                self._components[name] = self._load(name)
+            return self._components[name]
+
+    def _load(self, name: str) -> Any:
+        if name == "net":
+            return load_net(self.weights, self.dtype, self.device)
+        if name == "tokenizer":
+            return load_tokenizer(self.weights)
+        from fv_bagel.vae import load_flux_vae
+
+        check_layout(self.weights, vae=True)
+        return load_flux_vae(self.weights / "ae.safetensors", self.dtype, self.device)
+
+    @property
+    def net(self) -> Any:
+        return self.component("net")
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.component("tokenizer")[0]
+
+    @property
+    def special(self) -> dict[str, int]:
+        """BAGEL's special token ids: ``bos_token_id``, ``eos_token_id``, ``start_of_image``, ``end_of_image``."""
+        return self.component("tokenizer")[1]
+
+    def loaded(self) -> list[str]:
+        """Components resident now."""
+        return sorted(self._components)
+
+    @property
+    def precision(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def resident_bytes(self) -> int:
+        """Bytes of the resident components' parameters and buffers (what admission reserves)."""
+        modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
+        return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+
+
+def exact_model(
+    card: ModelCard, weights: str | Path, device: str | torch.device = "cpu", kernels: Any = None
+) -> BagelModel:
+    """The tiny card's instance: row-invariant math, so batched and ragged steps equal solo runs bit for bit."""
+    return BagelModel(card, weights, device, kernels, exact=True)
