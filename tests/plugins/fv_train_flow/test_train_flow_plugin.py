@@ -4,6 +4,7 @@ from fv_core.plugins import PluginHost
 from fv_train_flow import plugin
 from fv_train_flow.config import FlowOptions
 from fv_train_flow.method import FlowMethod
+from fv_train_flow.reward import ShapesDetectorReward
 from fv_train_flow.vae import VaeMethod
 
 
@@ -15,8 +16,10 @@ def test_methods_and_options_are_registered():
         "fv_register_commands",
         "fv_register_methods",
         "fv_register_options",
+        "fv_register_rewards",
     ]
     assert host.registries.methods.get("flow") is FlowMethod
     assert host.registries.methods.get("vae") is VaeMethod
     assert host.registries.options.get("fv-train-flow") is FlowOptions
+    assert host.registries.rewards.get("shapes-detector") is ShapesDetectorReward
     assert set(host.registries.commands) == {"eval"}  # `fv train` is the core's

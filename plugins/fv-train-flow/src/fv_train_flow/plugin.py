@@ -1,5 +1,5 @@
-"""fv-train-flow's pluggy hooks: the ``flow`` and ``vae`` training methods, the option schema, and the
-``fv eval`` command."""
+"""fv-train-flow's pluggy hooks: the ``flow`` and ``vae`` training methods, the option schema, the
+``shapes-detector`` reward and the ``fv eval`` command."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ PLUGIN = "fv-train-flow"
 def fv_register_methods(register: Callable[..., None]) -> None:
     register("flow", "fv_train_flow.method:FlowMethod")
     register("vae", "fv_train_flow.vae:VaeMethod")
+
+
+@hookimpl
+def fv_register_rewards(register: Callable[..., None]) -> None:
+    register("shapes-detector", "fv_train_flow.reward:ShapesDetectorReward")
 
 
 @hookimpl
