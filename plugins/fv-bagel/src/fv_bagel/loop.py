@@ -10,7 +10,8 @@ AR decode: each token step feeds the last token at the next position and appends
 sampling (greedy / temperature / top-k / top-p), EOS, stop strings and ``max_tokens`` run in
 ``advance`` on the request's own generator. Token steps of different requests batch as rows: each
 row's context is padded to a shared length bucket (``BUCKET``) with its real tokens marked, so
-requests of different lengths share one call (ragged batching).
+requests of different lengths share one call (ragged batching) while their lengths fall in one
+power-of-two bucket (a paged KV pool that lets any lengths share a call is not built yet).
 
 Denoise: ``<|vision_start|> latents <|vision_end|>`` is a query over the context that attends to
 it and to itself in full and is never written to the cache (the prefix is reused by every step).
@@ -41,7 +42,7 @@ from fv_core import (
     WorkUnitKind,
 )
 
-BUCKET = 16  # context lengths are padded up to a multiple of this in step inputs (ragged rows batch)
+BUCKET = 16  # smallest padded context length of a step's inputs (then powers of two: ragged rows batch)
 
 VLM_THINK_SYSTEM_PROMPT = (  # BAGEL's system prompts for thinking (inferencer.py)
     "You should first think about the reasoning process in the mind and then provide the user with the answer. \n"
@@ -123,7 +124,12 @@ def empty_context(inst: BagelModel) -> dict[str, Any]:
 
 
 def bucket(length: int) -> int:
-    return max(BUCKET, -(-length // BUCKET) * BUCKET)
+    """The padded context length of a step: the next power of two from ``BUCKET`` (few distinct shapes,
+    so requests whose lengths differ within a bucket share a batch key)."""
+    size = BUCKET
+    while size < length:
+        size *= 2
+    return size
 
 
 def padded(contexts: list[dict[str, Any]], size: int) -> dict[str, torch.Tensor]:

@@ -39,7 +39,7 @@ class BagelModel:
         self.device = torch.device(device)
         self.dtype = getattr(torch, card.precision.default)
         self.exact = exact
-        self.kernels = kernels or {}
+        self.kernels = _check_kernels(card, kernels)
         self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
         self.weights_versions = {"net": file_fingerprint(self.weights / "ema.safetensors")}
         if (self.weights / "ae.safetensors").is_file():
@@ -91,6 +91,17 @@ class BagelModel:
         """Bytes of the resident components' parameters and buffers (what admission reserves)."""
         modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
         return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+
+
+def _check_kernels(card: ModelCard, kernels: dict[str, Any] | None) -> dict[str, Any]:
+    """BAGEL runs its own attention (SDPA, or the row-invariant sums): other kernels are refused."""
+    for op, (_, record) in (kernels or {}).items():
+        if op != "attention" or record.get("variant") != "sdpa":
+            raise ConfigError(
+                f"{card.model_id!r} runs its own SDPA attention; kernel {op}={record.get('variant')!r} is not "
+                "wired into BAGEL's MoT yet. Fix: drop the kernel choice (use attention=sdpa)."
+            )
+    return dict(kernels or {})
 
 
 def exact_model(
