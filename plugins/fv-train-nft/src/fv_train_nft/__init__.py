@@ -1,0 +1,1 @@
+"""fv-train-nft: DiffusionNFT (Zheng et al. 2025) as an ``fv train`` method."""

@@ -1,0 +1,73 @@
+"""Options of the ``nft`` method (a config's ``options:`` section; the rest is the core's
+``fv_core.training.TrainConfig``). Defaults are the published ones (DiffusionNFT's official
+configuration) where this setting has one: beta 1, KL weight 1e-4, advantages clipped at 5 with the
+batch's global std, the old policy's decay ``min(0.001 * step, 0.5)``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from fv_core.training import StrictModel
+
+
+class RewardSpec(StrictModel):
+    """A registered reward (``fv_register_rewards``) and the options it is built with."""
+
+    name: str
+    options: dict[str, Any] = {}
+
+
+class NftOptions(StrictModel):
+    """Options of the ``nft`` method; see ``fv_train_nft.method`` for what each drives."""
+
+    card: str = "wan2.1-t2v-shapes"  # the card whose serve loop rolls out (and whose weights start)
+    init_weights: Path | None = None  # start from this checkpoint folder instead of the card's weights
+    reward: RewardSpec = RewardSpec(name="shapes-detector")
+    prompts: list[str] = []  # training prompts (or prompts_file; one of the two)
+    prompts_file: Path | None = None  # one prompt per line (blank lines and '#' lines skipped)
+    prompts_per_step: int = Field(8, gt=0)  # groups per optimisation step
+    group_size: int = Field(8, ge=2)  # rollouts per prompt (advantages are relative within a group)
+    rollout_steps: int = Field(10, gt=0)  # ODE steps of the old policy's rollouts (the card's sampler)
+    sampler: str | None = None  # the rollout sampler (default: the card's)
+    flow_shift: float = Field(
+        3.0, gt=0
+    )  # noise levels trained on: the rollout schedule, shifted as the sampler
+    train_timesteps: int | None = Field(None, gt=0)  # levels per sample (None: floor(0.99 * rollout_steps))
+    max_sequence_length: int | None = Field(None, gt=0)  # prompt padding (default: the card's)
+    beta: float = Field(1.0, gt=0)  # v+ = (1-beta) v_old + beta v, v- = (1+beta) v_old - beta v
+    kl_weight: float = Field(1e-4, ge=0)  # velocity distance to the frozen reference
+    adv_clip_max: float = Field(5.0, gt=0)  # r = 1/2 + clip(A / adv_clip_max, -1, 1) / 2
+    global_std: bool = True  # normalise advantages by the whole batch's reward std (else the group's)
+    adaptive_weight: bool = True  # divide each x0 error by its (stop-grad) mean absolute value
+    eta_rate: float = Field(0.001, ge=0)  # old <- eta old + (1-eta) student, eta = min(rate * step, max)
+    eta_max: float = Field(0.5, ge=0, lt=1)
+    eta_flat: int = Field(0, ge=0)  # steps with eta = 0 before the ramp
+    eval_prompts: list[str] = []  # prompts of the evaluations (default: the training prompts)
+    eval_prompts_file: Path | None = None
+    eval_seeds: int = Field(1, ge=0)  # seeds per eval prompt (0: no sampled evaluation)
+    eval_steps: int = Field(30, gt=0)
+    eval_guidance: list[float] = [1.0]  # guidance scales evaluated (the rollouts themselves use none)
+    eval_rewards: dict[str, RewardSpec] = {}  # extra scalar metrics, e.g. shape accuracy
+
+    @model_validator(mode="after")
+    def _prompt_source(self) -> NftOptions:
+        if bool(self.prompts) == (self.prompts_file is not None):
+            raise ValueError(
+                "set exactly one of prompts (a list) and prompts_file (one prompt per line); got "
+                f"{len(self.prompts)} prompts and prompts_file={self.prompts_file}"
+            )
+        if self.eval_prompts and self.eval_prompts_file is not None:
+            raise ValueError("set at most one of eval_prompts and eval_prompts_file")
+        return self
+
+
+def read_prompts(inline: list[str], path: Path | None) -> list[str]:
+    """The inline prompts, else the file's non-empty, non-comment lines."""
+    if path is None:
+        return list(inline)
+    return [
+        s for line in Path(path).read_text().splitlines() if (s := line.strip()) and not s.startswith("#")
+    ]

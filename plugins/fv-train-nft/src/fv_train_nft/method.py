@@ -1,0 +1,319 @@
+"""The ``nft`` method: DiffusionNFT (Zheng et al. 2025, "DiffusionNFT: Online Diffusion Reinforcement
+with Forward Process") on a card's serve loop, written only against ``fv_core``'s public API.
+
+One optimisation step (``step``), as published:
+
+1. Rollout. The OLD policy samples ``group_size`` videos for each of ``prompts_per_step`` prompts
+   with the card's own ODE sampler and no CFG (guidance 1): real requests through ``model.prepare``
+   / ``model.job`` and ``fv_core.Engine.run_batched``, on a loaded model whose live transformer *is*
+   the old role. Seeds are a function of (config seed, step, sample), so a resumed run rolls out the
+   same videos.
+2. Reward. The reward plugin (``fv_core.training.load_reward``, e.g. ``shapes-detector``) scores
+   the decoded frames against their prompts.
+3. Advantages. Per prompt ``A = (reward - group mean) / (std + 1e-4)`` (std over the whole batch
+   by default, as published), then the optimality probability ``r = 1/2 + clip(A / 5, -1, 1) / 2``.
+4. Loss on the forward process. For every clean rollout latent ``x0`` and each of
+   ``train_timesteps`` noise levels ``t`` of the rollout schedule (fresh noise each), with
+   ``x_t = (1 - t) x0 + t eps``: the student's velocity ``v`` (train profile), the old policy's and the
+   frozen reference's (serve profile, no grad); implicit policies ``v+ = (1-beta) v_old + beta v``
+   and ``v- = (1+beta) v_old - beta v``; loss ``5 * mean(r L+ / beta + (1-r) L- / beta) +
+   kl_weight * ||v - v_ref||^2`` where ``L+/-`` is the x0 error of ``v+/-`` over its own stop-grad
+   mean absolute error (``fv_train_nft.loss``). Gradients of every minibatch and level accumulate
+   into one AdamW step (grad clipping).
+5. Old policy. ``old <- eta old + (1 - eta) student`` with ``eta = min(0.001 * steps done, 0.5)``;
+   the model's transformer weights version is bumped so no cached text K/V of the previous old
+   weights is reused.
+
+Roles: student (trains the transformer), old (samples), reference (frozen copy of the start, the KL
+anchor). The text encoder, VAE and tokenizer are the card's, frozen and shared. ``export`` writes
+the student's transformer over the starting checkpoint with ``fv_recipe.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fv_core
+from fv_core import ConfigError
+from fv_core.training import (
+    Consistency,
+    MethodSpec,
+    Role,
+    RoleSpec,
+    TrainConfig,
+    load_optimizer,
+    load_reward,
+    make_optimizer,
+    save_optimizer,
+    set_lr,
+    train_adapter,
+    validate_options,
+)
+from fv_train_nft.config import NftOptions, read_prompts
+from fv_train_nft.loss import advantages, blend_old, nft_loss, old_decay, optimality
+
+TRAINED = ("transformer",)  # what the student trains; every other component is the card's, shared
+SEED_STRIDE = 1_000_003  # rollout seed = base + step * SEED_STRIDE + sample (never the eval seeds 0..)
+EVAL_SEED_BASE = 0  # eval prompt i, seed s: seed s (as fv eval seeds its prompt set)
+
+
+class NftMethod:
+    """DiffusionNFT; see the module docstring."""
+
+    spec = MethodSpec(
+        roles=(
+            RoleSpec(Role.STUDENT, trains=TRAINED, holds=TRAINED),
+            RoleSpec(Role.OLD, holds=TRAINED),
+            RoleSpec(Role.REFERENCE, holds=TRAINED),
+        ),
+        consistency=Consistency.C2_FREE,
+        # read from each rollout: its seed, schedule, conditioning and weights version (the clean
+        # latents are the rollout's output; no per-step predictions or log-probabilities)
+        record_fields=("seed", "schedule", "conditioning", "weights_versions"),
+    )
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg, self.opts = cfg, validate_options(NftOptions, cfg.options, "nft")
+        self.prompts = read_prompts(self.opts.prompts, self.opts.prompts_file)
+        if not self.prompts:
+            raise ConfigError(
+                f"options.prompts_file={str(self.opts.prompts_file)!r} holds no prompts. Fix: one per line"
+            )
+        eval_prompts = read_prompts(self.opts.eval_prompts, self.opts.eval_prompts_file)
+        self.eval_prompts = eval_prompts or self.prompts
+        torch.manual_seed(cfg.seed)
+        self.reward = load_reward(self.opts.reward.name, **self.opts.reward.options)
+        self.eval_rewards = {k: load_reward(s.name, **s.options) for k, s in self.opts.eval_rewards.items()}
+        # the rollout model: its live transformer is the OLD role
+        self.model = fv_core.load(self.opts.card, self.opts.init_weights)
+        extra = (
+            {"max_sequence_length": self.opts.max_sequence_length} if self.opts.max_sequence_length else {}
+        )
+        self.adapter = train_adapter(self.model, **extra)
+        old = self.adapter.module("transformer").requires_grad_(False)
+        self.roles: dict[Role, dict[str, torch.nn.Module]] = {
+            Role.OLD: {"transformer": old},
+            Role.STUDENT: {"transformer": copy.deepcopy(old).requires_grad_(True)},
+            Role.REFERENCE: {"transformer": copy.deepcopy(old).requires_grad_(False)},
+        }
+        for module in self.roles[Role.STUDENT].values():
+            module.train()
+        self.opt = make_optimizer(self.trainable(), cfg.optim)
+        self.sigmas = schedule(self.opts.rollout_steps, self.opts.flow_shift)
+        self.levels = self.opts.train_timesteps or max(1, math.floor(0.99 * self.opts.rollout_steps))
+        if self.levels > len(self.sigmas):
+            raise ConfigError(
+                f"options.train_timesteps={self.levels} exceeds the {len(self.sigmas)} levels of the "
+                f"rollout schedule (rollout_steps={self.opts.rollout_steps}). Fix: at most {len(self.sigmas)}"
+            )
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for m in self.roles[Role.STUDENT].values() for p in m.parameters()]
+
+    # ---- rollout ----
+
+    def request_params(self, steps: int, guidance: float) -> dict[str, Any]:
+        params: dict[str, Any] = {"num_inference_steps": steps, "guidance_scale": guidance}
+        if self.opts.sampler:
+            params["sampler"] = self.opts.sampler
+        if self.opts.max_sequence_length:
+            params["max_sequence_length"] = self.opts.max_sequence_length
+        return params
+
+    def generate(
+        self, model: Any, prompts: list[str], seeds: list[int], steps: int, guidance: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(clean latents [N, ...], frames [N, F, H, W, 3]) of ``model`` through the serve engine."""
+        base = self.request_params(steps, guidance)
+        jobs = [
+            model.job(model.prepare({**base, "prompt": p, "seed": s}))
+            for p, s in zip(prompts, seeds, strict=True)
+        ]
+        with torch.inference_mode():
+            results = fv_core.Engine(max_batch_rows=64).run_batched(jobs)
+        latents = torch.cat(
+            [r.outputs["latents"].reshape(1, *r.outputs["latents"].shape[-4:]) for r in results]
+        )
+        frames = torch.stack([r.outputs["frames"] for r in results])
+        return latents.clone(), frames.clone()
+
+    def rollout(self, step: int) -> dict[str, Any]:
+        """Step ``step``'s groups from the old policy: prompts, latents, rewards, advantages, r."""
+        gen = torch.Generator().manual_seed(self.cfg.seed * SEED_STRIDE + step)
+        picks = torch.randint(len(self.prompts), (self.opts.prompts_per_step,), generator=gen).tolist()
+        prompts = [self.prompts[i] for i in picks for _ in range(self.opts.group_size)]
+        groups = torch.arange(len(picks)).repeat_interleave(self.opts.group_size)
+        base = 10_000 + (self.cfg.seed * 7919 + step) * SEED_STRIDE
+        seeds = [base + i for i in range(len(prompts))]
+        latents, frames = self.generate(self.model, prompts, seeds, self.opts.rollout_steps, 1.0)
+        rewards = self.reward(frames, prompts).float()
+        adv = advantages(rewards, groups, self.opts.global_std)
+        return {
+            "prompts": prompts,
+            "latents": latents,
+            "rewards": rewards,
+            "advantages": adv,
+            "r": optimality(adv, self.opts.adv_clip_max),
+            "generator": gen,
+        }
+
+    # ---- the step ----
+
+    def step(self, step: int) -> dict[str, float]:
+        lr = set_lr(self.opt, self.cfg.optim, step, self.cfg.steps)
+        batch = self.rollout(step)
+        stats = self.accumulate(batch, batch["generator"])
+        grad = torch.nn.utils.clip_grad_norm_(self.trainable(), self.cfg.optim.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        eta = old_decay(step + 1, self.opts.eta_rate, self.opts.eta_max, self.opts.eta_flat)
+        self.update_old(eta, step + 1)
+        return {
+            **stats,
+            "reward": batch["rewards"].mean().item(),
+            "reward_std": batch["rewards"].std().item(),
+            "r_mean_abs_dev": (batch["r"] - 0.5).abs().mean().item(),
+            "grad_norm": grad.item(),
+            "eta": eta,
+            "lr": lr,
+        }
+
+    def accumulate(self, batch: dict[str, Any], gen: torch.Generator) -> dict[str, float]:
+        """Backward of the NFT loss over every (sample, level) pair: minibatches of ``batch_size``
+        pairs, each sample on ``levels`` distinct levels of the rollout schedule."""
+        x0_all, r_all, prompts = batch["latents"], batch["r"], batch["prompts"]
+        n = len(prompts)
+        with torch.no_grad():
+            embeds_all = self.adapter.conditioning(prompts)  # frozen text encoder, as served
+        levels = torch.stack(
+            [torch.randperm(len(self.sigmas), generator=gen)[: self.levels] for _ in range(n)]
+        )
+        pairs = [(i, int(levels[i, j])) for j in range(self.levels) for i in range(n)]
+        order = torch.randperm(len(pairs), generator=gen).tolist()
+        pairs = [pairs[k] for k in order]
+        size = self.cfg.batch_size
+        chunks = [pairs[k : k + size] for k in range(0, len(pairs), size)]
+        totals = {"loss": 0.0, "loss_policy": 0.0, "loss_kl": 0.0, "loss_positive": 0.0, "loss_negative": 0.0}
+        for chunk in chunks:
+            idx = torch.tensor([i for i, _ in chunk])
+            t = self.sigmas[torch.tensor([lvl for _, lvl in chunk])]
+            x0 = x0_all[idx]
+            noise = torch.randn(x0.shape, generator=gen)
+            x_t = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * noise
+            parts = self.loss(x_t, x0, t, embeds_all[idx], r_all[idx])
+            (parts.loss * len(chunk) / len(pairs)).backward()
+            w = len(chunk) / len(pairs)
+            totals["loss"] += parts.loss.item() * w
+            totals["loss_policy"] += parts.policy.item() * w
+            totals["loss_kl"] += parts.kl.item() * w
+            totals["loss_positive"] += parts.positive.item() * w
+            totals["loss_negative"] += parts.negative.item() * w
+        return totals
+
+    def loss(
+        self, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor, r: torch.Tensor
+    ):
+        """The NFT loss of one minibatch: old and reference velocities under the serve profile, the
+        student's under the train profile (the same denoise body the server runs)."""
+        velocity = self.adapter.velocity
+        v_old = velocity(self.roles[Role.OLD]["transformer"], x_t, t, embeds, False)
+        v_ref = velocity(self.roles[Role.REFERENCE]["transformer"], x_t, t, embeds, False)
+        v = velocity(self.roles[Role.STUDENT]["transformer"], x_t, t, embeds, True)
+        o = self.opts
+        return nft_loss(
+            v, v_old, v_ref, x_t, x0, t, r, o.beta, o.kl_weight, o.adv_clip_max, o.adaptive_weight
+        )
+
+    def update_old(self, eta: float, done: int) -> None:
+        """The decayed old-policy update, then a new weights version for the rollout model's
+        transformer (cached text K/V of the previous old weights must not be reused)."""
+        blend_old(self.roles[Role.OLD]["transformer"], self.roles[Role.STUDENT]["transformer"], eta)
+        bump = getattr(self.model.instance, "set_weights_version", None)
+        if bump is None:
+            raise ConfigError(
+                f"{self.model.card.model_id!r}'s instance has no set_weights_version: its caches cannot "
+                "follow the old policy's updates. Fix: train a card whose family supports weight versions"
+            )
+        bump("transformer", f"nft-old-{done}")
+
+    # ---- evaluation ----
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Mean training reward and each ``eval_rewards`` metric of the student's videos on the eval
+        prompts (fixed seeds), per guidance scale in ``eval_guidance``, through the serve engine."""
+        if not self.opts.eval_seeds:
+            return {}
+        prompts = [p for s in range(self.opts.eval_seeds) for p in self.eval_prompts]
+        seeds = [EVAL_SEED_BASE + s for s in range(self.opts.eval_seeds) for _ in self.eval_prompts]
+        metrics: dict[str, float] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            self.export(Path(tmp))
+            model = fv_core.load(self.opts.card, tmp)
+            try:
+                for g in self.opts.eval_guidance:
+                    _, frames = self.generate(model, prompts, seeds, self.opts.eval_steps, g)
+                    metrics[f"reward@g{g:g}"] = round(self.reward(frames, prompts).float().mean().item(), 4)
+                    for name, reward in self.eval_rewards.items():
+                        metrics[f"{name}@g{g:g}"] = round(reward(frames, prompts).float().mean().item(), 4)
+            finally:
+                model.close()
+        return metrics
+
+    # ---- checkpoints ----
+
+    def save(self, folder: Path) -> None:
+        """``folder`` is a loadable model with the student's weights; ``folder/old`` holds the old
+        policy's transformer; plus the optimiser state. (The reference is the starting checkpoint.)"""
+        self.export(folder)
+        self.roles[Role.OLD]["transformer"].save_pretrained(
+            folder / "old" / "transformer", safe_serialization=True
+        )
+        save_optimizer(self.opt, folder / "optimizer.safetensors")
+
+    def load(self, folder: Path) -> None:
+        for role, root in ((Role.STUDENT, folder), (Role.OLD, folder / "old")):
+            for name, module in self.roles[role].items():
+                saved = type(module).from_pretrained(root / name, use_safetensors=True)
+                module.load_state_dict(saved.state_dict())
+        load_optimizer(self.opt, folder / "optimizer.safetensors")
+        state = (
+            json.loads((folder / "trainer_state.json").read_text())
+            if (folder / "trainer_state.json").is_file()
+            else {}
+        )
+        self.model_version(state.get("step"))
+
+    def model_version(self, step: int | None) -> None:
+        bump = getattr(self.model.instance, "set_weights_version", None)
+        if bump is not None:
+            bump("transformer", f"nft-old-{step if step is not None else 'resumed'}")
+
+    def export(self, folder: Path) -> None:
+        """The student's transformer over the starting checkpoint, with the recipe."""
+        o = self.opts
+        recipe = {
+            "method": "nft",
+            "parents": [o.card if o.init_weights is None else str(o.init_weights)],
+            "reward": o.reward.model_dump(),
+            "rollout": {"steps": o.rollout_steps, "sampler": o.sampler or "card default", "guidance": 1.0,
+                        "prompts_per_step": o.prompts_per_step, "group_size": o.group_size},
+            "beta": o.beta, "kl_weight": o.kl_weight, "adv_clip_max": o.adv_clip_max,
+            "old_decay": {"rate": o.eta_rate, "max": o.eta_max, "flat": o.eta_flat},
+            "train_timesteps": self.levels, "steps": self.cfg.steps, "seed": self.cfg.seed,
+        }  # fmt: skip
+        self.adapter.export(folder, self.roles[Role.STUDENT], recipe)
+
+
+def schedule(steps: int, shift: float) -> torch.Tensor:
+    """The rollout schedule's noise levels: ``steps`` uniform levels from 1 down, shifted as the flow
+    sampler shifts them (``s * u / (1 + (s - 1) * u)``); the levels the loss trains on."""
+    u = torch.linspace(1.0, 0.0, steps + 1)[:-1]
+    return shift * u / (1 + (shift - 1) * u)

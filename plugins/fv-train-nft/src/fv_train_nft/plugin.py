@@ -1,0 +1,27 @@
+"""fv-train-nft's pluggy hooks: the ``nft`` method, its option schema, and a ``constant`` reward
+(the control run's: every sample scores the same, so no advantage reaches the policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fv_core import hookimpl
+
+PLUGIN = "fv-train-nft"
+
+
+@hookimpl
+def fv_register_methods(register: Callable[..., None]) -> None:
+    register("nft", "fv_train_nft.method:NftMethod")
+
+
+@hookimpl
+def fv_register_options(register: Callable[..., None]) -> None:
+    from fv_train_nft.config import NftOptions
+
+    register(PLUGIN, NftOptions)
+
+
+@hookimpl
+def fv_register_rewards(register: Callable[..., None]) -> None:
+    register("constant", "fv_train_nft.rewards:ConstantReward")

@@ -1,0 +1,251 @@
+"""fv-train-nft: DiffusionNFT steps on the tiny Wan card (random weights), its math, the C2 gate,
+resume and options. A brightness reward stands in for a real one where the tiny model's random
+videos would give the detector nothing to read (so advantages are not all zero)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+import fv_core
+from fv_core import ConfigError, Profile, WorkUnitKind
+from fv_core.loop.runner import run_plan
+from fv_core.plugins import PluginHost
+from fv_core.training import Consistency, Role, train, validate
+from fv_train_nft import plugin
+from fv_train_nft.config import NftOptions
+from fv_train_nft.loss import advantages, nft_loss, old_decay, optimality
+from fv_train_nft.method import NftMethod
+from fv_train_nft.rewards import ConstantReward
+
+PROMPTS = ["a red circle moving left", "a blue square moving up", "a green circle moving down"]
+
+
+def nft_config(out: Path, steps: int, **options) -> dict:
+    return {
+        "method": "nft",
+        "output_dir": str(out),
+        "steps": steps,
+        "batch_size": 4,
+        "log_every": 1,
+        "eval_every": 1000,
+        "checkpoint_every": 1,
+        "optim": {"lr": 1e-3, "warmup_steps": 0, "decay": "constant"},
+        "options": {
+            "card": "wan2.1-t2v-tiny",
+            "prompts": PROMPTS,
+            "prompts_per_step": 2,
+            "group_size": 2,
+            "rollout_steps": 3,
+            "max_sequence_length": 16,
+            "eval_seeds": 0,
+            "eta_rate": 0.25,  # reach a visible blend within a few steps
+            **options,
+        },
+    }
+
+
+def brightness(frames: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """A reward that differs between any two videos: mean brightness."""
+    return frames.float().mean(dim=(1, 2, 3, 4))
+
+
+def make(out: Path, steps: int, **options) -> NftMethod:
+    method = NftMethod(validate(nft_config(out, steps, **options)))
+    method.reward = brightness
+    return method
+
+
+def params(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory):
+    """A method before and after two manual steps, with the old policy's weights around the second."""
+    method = make(tmp_path_factory.mktemp("nft"), steps=2)
+    start = {role: params(m["transformer"]) for role, m in method.roles.items()}
+    first = method.step(0)
+    old_before = params(method.roles[Role.OLD]["transformer"])
+    second = method.step(1)
+    return method, start, old_before, (first, second)
+
+
+def test_steps_give_finite_losses_and_move_only_the_student(stepped):
+    method, start, _, logs = stepped
+    for log in logs:
+        assert all(torch.isfinite(torch.tensor(v)) for v in log.values()), log
+        assert log["r_mean_abs_dev"] > 0  # the brightness reward separates the groups' videos
+    student = method.roles[Role.STUDENT]["transformer"].parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(start[Role.STUDENT], student, strict=True))
+    reference = method.roles[Role.REFERENCE]["transformer"].parameters()
+    assert all(torch.equal(a, b) for a, b in zip(start[Role.REFERENCE], reference, strict=True))
+    # the rollout model's live transformer is the old role (the engine samples with its weights)
+    assert method.adapter.module("transformer") is method.roles[Role.OLD]["transformer"]
+
+
+def test_old_policy_moves_by_the_decay_rule_exactly(stepped):
+    method, _, old_before, (_, second) = stepped
+    eta = old_decay(2, 0.25, 0.5)
+    assert eta == second["eta"] == 0.5
+    student = method.roles[Role.STUDENT]["transformer"].parameters()
+    old = method.roles[Role.OLD]["transformer"].parameters()
+    for before, s, o in zip(old_before, student, old, strict=True):
+        assert torch.equal(o, before * eta + s.detach() * (1 - eta))
+    # the published schedule: min(0.001 * step, 0.5), with an optional flat start
+    assert [old_decay(s, 0.001, 0.5) for s in (0, 1, 300, 499, 500, 10_000)] == [
+        0.0, 0.001, 0.3, 0.499, 0.5, 0.5,
+    ]  # fmt: skip
+    assert old_decay(3, 0.1, 0.5, flat=5) == 0.0 and old_decay(7, 0.1, 0.5, flat=5) == pytest.approx(0.2)
+
+
+def test_advantages_are_group_relative_and_map_to_r():
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 2.0, 4.0])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    adv = advantages(rewards, groups, global_std=True)
+    std = rewards.double().std(unbiased=False)
+    expected = torch.tensor([0.5, -0.5, 0.0, 0.0, -1.0, 1.0], dtype=torch.float64) / (std + 1e-4)
+    assert torch.allclose(adv.double(), expected, atol=1e-6)
+    r = optimality(torch.tensor([-10.0, -2.5, 0.0, 2.5, 10.0]), clip_max=5.0)
+    assert torch.equal(r, torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0]))
+    constant = ConstantReward(1.0)(torch.zeros(6, 2, 4, 4, 3), ["x"] * 6)
+    assert torch.equal(optimality(advantages(constant, groups), 5.0), torch.full((6,), 0.5))
+
+
+def _loss_inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (3, 4, 2, 3, 3)
+    x0, eps = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    t = torch.tensor([0.2, 0.5, 0.9])
+    x_t = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * eps
+    v_old = eps - x0 + 0.3 * torch.randn(shape, generator=g)
+    return x0, x_t, t, v_old, torch.randn(shape, generator=g) * 0.1
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.3])
+def test_zero_advantage_leaves_only_the_symmetric_term(beta):
+    """r = 1/2: the positive and negative terms mirror each other around v_old, so the policy
+    gradient is exactly what ((e)^2 + t^2 beta^2 (v - v_old)^2) / beta gives: 2 t^2 beta (v - v_old)
+    (times adv_clip_max / elements) - it pulls v back to v_old and carries no reward direction."""
+    x0, x_t, t, v_old, delta = _loss_inputs()
+    r = torch.full((3,), 0.5)
+    v = (v_old + delta).requires_grad_(True)
+    parts = nft_loss(v, v_old, v_old, x_t, x0, t, r, beta, 0.0, 5.0, adaptive_weight=False)
+    (grad,) = torch.autograd.grad(parts.policy, v)
+    per_sample = x0[0].numel()
+    te = t.view(-1, 1, 1, 1, 1)
+    expected = 5.0 * 2 * te**2 * beta * delta / (per_sample * len(t))
+    assert torch.allclose(grad, expected, atol=1e-7, rtol=1e-5)
+    # at the old policy itself (the first step, or a control run) the gradient vanishes, adaptive
+    # weights included: exactly at beta = 1 (v+ = v and v- = 2 v_old - v are then v_old bit for bit),
+    # to rounding otherwise
+    v0 = v_old.clone().requires_grad_(True)
+    parts = nft_loss(v0, v_old, v_old, x_t, x0, t, r, beta, 1e-4, 5.0, adaptive_weight=True)
+    (grad0,) = torch.autograd.grad(parts.loss, v0)
+    if beta == 1.0:
+        assert torch.count_nonzero(grad0) == 0
+    assert grad0.abs().max() < 1e-6
+    # an advantage breaks the symmetry: r > 1/2 moves v toward the data's velocity, r < 1/2 away
+    up = nft_loss(v0, v_old, v_old, x_t, x0, t, torch.ones(3), beta, 0.0, 5.0, False).policy
+    (g_up,) = torch.autograd.grad(up, v0)
+    target = (x_t - x0) / t.view(-1, 1, 1, 1, 1)  # the velocity that reproduces x0 exactly
+    assert (g_up * (v_old - target)).sum() > 0  # descending the gradient approaches the target
+
+
+def test_constant_reward_gives_r_one_half_and_no_policy_gradient(tmp_path):
+    method = NftMethod(
+        validate(nft_config(tmp_path, 1, reward={"name": "constant", "options": {"value": 2.0}}))
+    )
+    batch = method.rollout(0)
+    assert torch.equal(batch["advantages"], torch.zeros(4))
+    assert torch.equal(batch["r"], torch.full((4,), 0.5))
+    before = params(method.roles[Role.STUDENT]["transformer"])
+    method.accumulate(batch, batch["generator"])  # student == old == reference: every term is zero
+    grads = [p.grad for p in method.roles[Role.STUDENT]["transformer"].parameters()]
+    assert all(g is None or torch.count_nonzero(g) == 0 for g in grads)
+    after = method.roles[Role.STUDENT]["transformer"].parameters()
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_c2_train_forward_equals_serve_forward_bit_for_bit(stepped, tmp_path):
+    """What NFT trains on is the student's velocity at forward-noised rollout latents: the train
+    profile (grad) equals the serve profile on the same input bit for bit, through the adapter and
+    through the serve loop's own denoise plan on the exported student."""
+    method, *_ = stepped
+    student = method.roles[Role.STUDENT]["transformer"]
+    batch = method.rollout(5)
+    t = method.sigmas[torch.tensor([0, 1, 2, 1])]  # 4 rollout samples, levels of the schedule
+    noise = torch.randn(batch["latents"].shape, generator=torch.Generator().manual_seed(3))
+    x_t = (1 - t.view(-1, 1, 1, 1, 1)) * batch["latents"] + t.view(-1, 1, 1, 1, 1) * noise
+    with torch.no_grad():
+        embeds = method.adapter.conditioning(batch["prompts"])
+    trained = method.adapter.velocity(student, x_t, t, embeds, True)
+    served = method.adapter.velocity(student, x_t, t, embeds, False)
+    assert trained.requires_grad and not served.requires_grad
+    assert torch.equal(trained.detach(), served)
+
+    method.export(tmp_path / "student")
+    model = fv_core.load("wan2.1-t2v-tiny", tmp_path / "student")
+    loop, request, instance = model.job(model.prepare({"prompt": PROMPTS[0], "seed": 1,
+        "guidance_scale": 1.0, "max_sequence_length": 16}))  # fmt: skip
+    state = loop.init(request, instance)
+    while (plan := loop.next(state)).kind is not WorkUnitKind.DIFFUSION_STEP:
+        state = loop.advance(state, run_plan(plan, Profile.SERVE))
+    serve_out = run_plan(plan, Profile.SERVE).outputs["velocity"]
+    train_out = run_plan(plan, Profile.TRAIN).outputs["velocity"]
+    assert train_out.requires_grad and torch.equal(train_out.detach(), serve_out)
+    assert NftMethod.spec.consistency is Consistency.C2_FREE
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path):
+    whole = make(tmp_path / "whole", steps=3)
+    train(validate(nft_config(tmp_path / "whole", 3)), whole, progress=False)
+    first = make(tmp_path / "split", steps=2)
+    train(validate(nft_config(tmp_path / "split", 2)), first, progress=False)
+    resumed = make(tmp_path / "split", steps=3)
+    summary = train(validate(nft_config(tmp_path / "split", 3)), resumed, progress=False)
+    assert summary["resumed_from"] == 2
+    for role in (Role.STUDENT, Role.OLD):
+        a = whole.roles[role]["transformer"].state_dict()
+        b = resumed.roles[role]["transformer"].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), role
+    exported = fv_core.load("wan2.1-t2v-tiny", tmp_path / "whole" / "final")
+    recipe = (tmp_path / "whole" / "final" / "fv_recipe.json").read_text()
+    assert '"method": "nft"' in recipe and exported.card.model_id == "wan2.1-t2v-tiny"
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"group_size": 1}, "group_size"),
+        ({"bogus": 1}, "bogus"),
+        ({"prompts_file": "p.txt"}, "exactly one of prompts"),
+        ({"train_timesteps": 9}, "train_timesteps=9 exceeds"),
+        ({"beta": 0}, "beta"),
+        ({"reward": {"name": "shapes-detector", "options": {"weights": {"size": 1}}}}, "weights"),
+    ],
+)
+def test_bad_options_are_config_errors_that_name_the_field(tmp_path, options, match):
+    with pytest.raises(ConfigError, match=match):
+        NftMethod(validate(nft_config(tmp_path, 1, **options)))
+
+
+def test_hooks_register_the_method_options_and_constant_reward():
+    host = PluginHost({})
+    host.add(plugin, "fv-train-nft")
+    host.collect()
+    assert host.infos["fv-train-nft"].hooks == [
+        "fv_register_methods",
+        "fv_register_options",
+        "fv_register_rewards",
+    ]
+    assert host.registries.methods.get("nft") is NftMethod
+    assert host.registries.options.get("fv-train-nft") is NftOptions
+    assert host.registries.rewards.get("constant") is ConstantReward
+    roles = {r.role for r in NftMethod.spec.roles}
+    assert roles == {Role.STUDENT, Role.OLD, Role.REFERENCE}
+    assert NftMethod.spec.role(Role.STUDENT).trains == ("transformer",)
+    assert copy.copy(NftMethod.spec.describe())["consistency"] == "C2-free"
