@@ -100,6 +100,7 @@ def _mixed(bagel):
             ("chat", {"prompt": "what is in the picture?", "max_tokens": 6,
                       "temperature": 0.8, "top_p": 0.9, "seed": 5}),
             ("t2i", {"prompt": "blue car", "num_inference_steps": 3, "cfg_text_scale": 1.0, "seed": 4}),
+            ("think-t2i", {"prompt": "a cat", "num_inference_steps": 3, "max_tokens": 4, "seed": 6}),
         ]  # fmt: skip
         return [
             bagel.job(bagel.prepare(p, task=task, request_id=f"r{i}")) for i, (task, p) in enumerate(params)
@@ -108,7 +109,7 @@ def _mixed(bagel):
     return items
 
 
-def test_interleave_gate_with_chat_and_t2i_mixed(bagel):
+def test_interleave_gate_with_chat_t2i_and_think_t2i_mixed(bagel):
     report = assert_interleave_parity(Engine, _mixed(bagel))
     assert report.ok and report.max_abs == 0.0
 
@@ -158,3 +159,17 @@ def test_cli_writes_the_image_and_the_answer(bagel_host, bagel_path, tmp_path, m
     assert json.loads((tmp_path / "cat.json").read_text())["task"] == "t2i"
     assert main([*base, "--max-tokens", "3", "-o", str(tmp_path / "a.txt")]) == 0
     assert json.loads((tmp_path / "a.json").read_text())["task"] == "chat"
+
+
+def test_think_t2i_writes_its_thinking_into_the_generation_context(bagel):
+    """The AR stage plans under BAGEL's thinking system prompt; the denoise reuses its caches (system
+    prompt: text-unconditioned, + prompt: image-unconditioned, + thinking: conditional); plain t2i runs
+    no AR step."""
+    thought = bagel.generate(
+        task="think-t2i", prompt="a red cat", num_inference_steps=3, max_tokens=5, seed=2
+    )
+    stages = thought.provenance["metrics"]["stages"]
+    assert stages["0:think"]["completion_tokens"] == 5 and stages["1:t2i"]["thinking"]
+    assert stages["1:t2i"]["branches_run"] == [2, 2]
+    plain = bagel.generate(task="t2i", prompt="a red cat", num_inference_steps=3, seed=2)
+    assert "stages" not in plain.provenance["metrics"] and not np.array_equal(plain.image, thought.image)

@@ -35,6 +35,10 @@ T2I_DEFAULTS = dict(
 )
 
 
+TASKS = ("chat", "t2i", "think-t2i")
+THINK_DEFAULTS = dict(max_tokens=1024, temperature=0.0, top_p=1.0, top_k=0)  # app.py: max_think_token_n 1024
+
+
 def components() -> dict[str, ComponentSpec]:
     return {
         "net": ComponentSpec(
@@ -44,9 +48,11 @@ def components() -> dict[str, ComponentSpec]:
             resident_for={"chat", "t2i"},
         ),
         "tokenizer": ComponentSpec(
-            kind="tokenizer", load_id="transformers:AutoTokenizer", required_for={"chat", "t2i"}
+            kind="tokenizer", load_id="transformers:AutoTokenizer", required_for=set(TASKS)
         ),
-        "vae": ComponentSpec(kind="vae", load_id="diffusers:AutoencoderKL", required_for={"t2i"}),
+        "vae": ComponentSpec(
+            kind="vae", load_id="diffusers:AutoencoderKL", required_for={"t2i", "think-t2i"}
+        ),
     }
 
 
@@ -57,6 +63,7 @@ def bagel_card(
     *,
     t2i: dict,
     chat: dict | None = None,
+    think: dict | None = None,
     precision: PrecisionContract,
     instance_factory: str = "fv_bagel.model:BagelModel",
     default_weights: str | None = None,
@@ -84,6 +91,16 @@ def bagel_card(
             samplers=["euler"],
             params="fv_bagel.params:ImageParams",
         ),
+        "think": LoopSpec(  # the AR loop writing a plan into the generation context (its steps: t2i's)
+            kind=LoopKind.AR_DECODE,
+            work_unit_kind=WorkUnitKind.AR_TOKEN,
+            loop_factory="fv_bagel.loop:ChatLoop",
+            components=["net", "tokenizer"],
+            shared_weight_components=["net"],
+            step_cost=cost,
+            params="fv_bagel.params:TextParams",
+            variant_of="t2i",
+        ),
     }
     programs = {
         "chat": ProgramSpec(
@@ -92,6 +109,12 @@ def bagel_card(
         ),
         "t2i": ProgramSpec(
             stages=["t2i"], defaults={**T2I_DEFAULTS, **t2i}, outputs=["image"], description="text to image",
+        ),
+        "think-t2i": ProgramSpec(
+            stages=["think", "t2i"], params="fv_bagel.params:ThinkImageParams",
+            binds={0: "fv_bagel.program:think", 1: "fv_bagel.program:image"},
+            defaults={**T2I_DEFAULTS, **THINK_DEFAULTS, **t2i, **(think or {})}, outputs=["image"],
+            description="the AR loop plans in <think> ... </think> (its text in the metrics' 'thinking'), then t2i",
         ),
     }  # fmt: skip
     return ModelCard(
@@ -133,6 +156,7 @@ def bagel_tiny() -> ModelCard:
         StepCostModel(base_s=0.005, per_token_s=1e-5),
         t2i=dict(height=64, width=64, num_inference_steps=8),
         chat=dict(max_tokens=16),
+        think=dict(max_tokens=8),
         precision=PrecisionContract(supported=["float32"], default="float32"),
         instance_factory="fv_bagel.model:exact_model",
         default_weights="fv_bagel.tiny:tiny_weights",

@@ -268,8 +268,9 @@ class ChatLoop(_Base):
         inst = self.instance
         p = _check_request(inst, request, TextParams)
         segments = []
-        if p.think:
-            segments.append({"kind": "text", "ids": text_ids(inst, VLM_THINK_SYSTEM_PROMPT)})
+        system = request.carry.get("system_prompt") or (VLM_THINK_SYSTEM_PROMPT if p.think else None)
+        if system:
+            segments.append({"kind": "text", "ids": text_ids(inst, system)})
         state = LoopState(
             request_id=request.request_id,
             loop_id=inst.card.programs[request.task].stages[0],
@@ -292,6 +293,8 @@ class ChatLoop(_Base):
             max_tokens=p.max_tokens,
             stop=list(p.stop),
             weights_versions=dict(inst.weights_versions),
+            keep_contexts=bool(request.carry.get("keep_contexts")),
+            kept=0,
         )
         self._set_ctx(state, empty_context(inst))
         return state
@@ -327,6 +330,13 @@ class ChatLoop(_Base):
         if state.values["segments"]:
             segment = state.values["segments"].pop(0)
             self._set_ctx(state, self._fold_segment(ctx, segment, out))
+            if state.values["keep_contexts"]:  # a later stage reuses the context after each segment
+                i = state.values["kept"]
+                state.tensors[f"kept{i}.k"], state.tensors[f"kept{i}.v"] = (
+                    state.tensors["k"],
+                    state.tensors["v"],
+                )
+                state.values[f"kept{i}.rope"], state.values["kept"] = state.values["rope"], i + 1
             return state
         self._set_ctx(state, append(ctx, out["k"][0], out["v"][0], 1))
         state.step += 1
@@ -353,8 +363,18 @@ class ChatLoop(_Base):
 
     def finalize(self, state: LoopState) -> LoopResult:
         v = state.values
+        outputs: dict[str, Any] = {
+            "text": v["text"],
+            "tokens": torch.tensor(v["generated"], dtype=torch.long),
+        }
+        if v["keep_contexts"]:
+            t = state.tensors
+            outputs["contexts"] = [
+                {"k": t[f"kept{i}.k"], "v": t[f"kept{i}.v"], "rope": v[f"kept{i}.rope"]}
+                for i in range(v["kept"])
+            ]
         return LoopResult(
-            outputs={"text": v["text"], "tokens": torch.tensor(v["generated"], dtype=torch.long)},
+            outputs=outputs,
             metrics={
                 "steps": state.step,
                 "stop_reason": v["stop_reason"],
@@ -453,9 +473,21 @@ class ImageLoop(_Base):
             state.values[f"{name}.rope"] = 0
         # t2i: the text-unconditioned context is the empty one before the prompt; the image-unconditioned
         # context holds the prompt (no image), so it IS the conditional one: an alias, not a copy
+        pending: list[tuple[str, dict[str, Any]]] = [("cond", {"kind": "text", "ids": prompt})]
+        aliases = {"img_uncond": "cond"}
+        thinking = request.carry.get("thinking")
+        if thinking is not None:
+            # think-t2i: the AR stage's contexts after its system prompt and after the prompt are the
+            # text- and image-unconditioned ones; the conditional one is the latter plus the thinking
+            system, with_prompt = request.carry["contexts"][-2:]
+            for name, ctx in (("text_uncond", system), ("img_uncond", with_prompt), ("cond", with_prompt)):
+                state.tensors[f"{name}.k"], state.tensors[f"{name}.v"] = ctx["k"], ctx["v"]
+                state.values[f"{name}.rope"] = ctx["rope"]
+            pending, aliases = [("cond", {"kind": "text", "ids": text_ids(inst, thinking)})], {}
         state.values.update(
-            pending=[("cond", {"kind": "text", "ids": prompt})],
-            aliases={"img_uncond": "cond"},
+            pending=pending,
+            aliases=aliases,
+            thinking=thinking,
             times=times,
             dts=dts,
             grid_shape=[rows, cols],
@@ -573,6 +605,7 @@ class ImageLoop(_Base):
             outputs={"frames": state.tensors["frames"], "latents": state.tensors["latents"]},
             metrics={
                 "steps": state.step,
+                **({"thinking": state.values["thinking"]} if state.values["thinking"] is not None else {}),
                 "branches_run": state.values["branches_run"],
                 "weights_versions": state.values["weights_versions"],
             },

@@ -81,3 +81,12 @@ class ImageParams(Params):
                 f"cfg_interval={list(self.cfg_interval)} must satisfy 0 <= lo <= hi <= 1. Fix: e.g. [0.4, 1.0]",
                 param="cfg_interval",
             )
+
+
+class ThinkImageParams(ImageParams):
+    """``think-t2i``: the thinking's sampling (BAGEL: greedy, up to 1024 tokens), then the image's params."""
+
+    max_tokens: int = Field(ge=1, le=32_768, description="most tokens of thinking")
+    temperature: float = Field(ge=0.0, le=10.0, description="sampling temperature of the thinking; 0: greedy")
+    top_p: float = Field(gt=0.0, le=1.0, description="nucleus sampling of the thinking")
+    top_k: int = Field(ge=0, le=1_000_000, description="top-k of the thinking; 0: all")
