@@ -26,6 +26,7 @@ from fv_core import (
 from fv_core.runtime import Engine
 
 GOLDEN = Path(__file__).with_name("golden_bagel_tiny.json")
+PICTURE = ImagePart(np.random.default_rng(0).random((40, 56, 3)).astype(np.float32))
 
 
 def test_published_defaults_are_the_cards(bagel):
@@ -101,9 +102,13 @@ def _mixed(bagel):
                       "temperature": 0.8, "top_p": 0.9, "seed": 5}),
             ("t2i", {"prompt": "blue car", "num_inference_steps": 3, "cfg_text_scale": 1.0, "seed": 4}),
             ("think-t2i", {"prompt": "a cat", "num_inference_steps": 3, "max_tokens": 4, "seed": 6}),
+            ("edit", {"prompt": "make it red", "num_inference_steps": 3, "seed": 8}),
         ]  # fmt: skip
         return [
-            bagel.job(bagel.prepare(p, task=task, request_id=f"r{i}")) for i, (task, p) in enumerate(params)
+            bagel.job(
+                bagel.prepare(p, task=task, request_id=f"r{i}", parts=[PICTURE] if task == "edit" else [])
+            )
+            for i, (task, p) in enumerate(params)
         ]
 
     return items
@@ -173,3 +178,14 @@ def test_think_t2i_writes_its_thinking_into_the_generation_context(bagel):
     assert stages["1:t2i"]["branches_run"] == [2, 2]
     plain = bagel.generate(task="t2i", prompt="a red cat", num_inference_steps=3, seed=2)
     assert "stages" not in plain.provenance["metrics"] and not np.array_equal(plain.image, thought.image)
+
+
+def test_edit_conditions_on_the_image_and_takes_its_size(bagel):
+    """cond = [image latents, image ViT tokens, instruction]; text-unconditioned = the image; image-
+    unconditioned = the instruction: three rows per step over the whole schedule (BAGEL's edit defaults)."""
+    edited = bagel.generate(task="edit", parts=[PICTURE], prompt="make it red", num_inference_steps=3)
+    assert edited.image.shape == (64, 96, 3)  # short side up to 64 (the tiny's 512), multiples of 16
+    assert edited.provenance["metrics"]["branches_run"] == [3, 3]
+    assert edited.provenance["params"]["cfg_renorm_type"] == "text_channel"
+    with pytest.raises(ConfigError, match="needs exactly one image"):
+        bagel.prepare({"prompt": "make it red"}, task="edit")

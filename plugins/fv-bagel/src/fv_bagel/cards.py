@@ -35,8 +35,15 @@ T2I_DEFAULTS = dict(
 )
 
 
-TASKS = ("chat", "t2i", "think-t2i")
+TASKS = ("chat", "t2i", "think-t2i", "edit")
 THINK_DEFAULTS = dict(max_tokens=1024, temperature=0.0, top_p=1.0, top_k=0)  # app.py: max_think_token_n 1024
+
+
+# edit (app.py edit_image): image CFG 2, guidance over the whole schedule, per-token text renorm
+EDIT_DEFAULTS = {
+    **{k: v for k, v in T2I_DEFAULTS.items() if k not in ("height", "width")},
+    "cfg_img_scale": 2.0, "cfg_interval": (0.0, 1.0), "cfg_renorm_type": "text_channel",
+}  # fmt: skip
 
 
 def components() -> dict[str, ComponentSpec]:
@@ -51,7 +58,7 @@ def components() -> dict[str, ComponentSpec]:
             kind="tokenizer", load_id="transformers:AutoTokenizer", required_for=set(TASKS)
         ),
         "vae": ComponentSpec(
-            kind="vae", load_id="diffusers:AutoencoderKL", required_for={"t2i", "think-t2i"}
+            kind="vae", load_id="diffusers:AutoencoderKL", required_for=set(TASKS) - {"chat"}
         ),
     }
 
@@ -91,6 +98,19 @@ def bagel_card(
             samplers=["euler"],
             params="fv_bagel.params:ImageParams",
         ),
+        "edit": LoopSpec(  # the denoise loop over an image's context (its steps: t2i's)
+            kind=LoopKind.DIFFUSION_DENOISE,
+            work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
+            loop_factory="fv_bagel.loop:ImageLoop",
+            components=["net", "tokenizer", "vae"],
+            shared_weight_components=["net"],
+            step_cost=cost,
+            samplers=["euler"],
+            params="fv_bagel.params:EditParams",
+            variant_of="t2i",
+            accepts=["image"],
+            requires=["image"],
+        ),
         "think": LoopSpec(  # the AR loop writing a plan into the generation context (its steps: t2i's)
             kind=LoopKind.AR_DECODE,
             work_unit_kind=WorkUnitKind.AR_TOKEN,
@@ -109,6 +129,10 @@ def bagel_card(
         ),
         "t2i": ProgramSpec(
             stages=["t2i"], defaults={**T2I_DEFAULTS, **t2i}, outputs=["image"], description="text to image",
+        ),
+        "edit": ProgramSpec(
+            stages=["edit"], defaults={**EDIT_DEFAULTS, **{k: v for k, v in t2i.items() if k in EDIT_DEFAULTS}},
+            outputs=["image"], description="image and instruction to image (the image sets the size)",
         ),
         "think-t2i": ProgramSpec(
             stages=["think", "t2i"], params="fv_bagel.params:ThinkImageParams",

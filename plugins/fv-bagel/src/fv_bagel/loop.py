@@ -30,7 +30,7 @@ import torch
 
 from fv_bagel.model import BagelModel
 from fv_bagel.mot import grid_ids, linear
-from fv_bagel.params import ImageParams, TextParams
+from fv_bagel.params import EditParams, GuidedParams, ImageParams, TextParams
 from fv_core import (
     BatchKey,
     ConfigError,
@@ -91,8 +91,8 @@ def vit_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def denoise_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Velocity of the latent tokens ``[R, N, p*p*C]`` at flow time ``t`` over each row's context
-    (nothing is written to the context)."""
+    """Velocity of the latent tokens ``[R, N, p*p*C]`` at flow time ``t`` over each row's context, and
+    the block's keys/values (a denoise step drops them; a clean image at ``t = 0`` appends them)."""
     x, t = inputs["latents"], inputs["t"]
     markers = net.embed_tokens(inputs["ids"])  # [R, 2]
     lat = net.latent_embeds(x, t, inputs["grid"][0], exact).to(markers.dtype)
@@ -101,10 +101,18 @@ def denoise_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any
     gen = torch.zeros(h.shape[:2], dtype=torch.bool, device=h.device)
     gen[:, 1:-1] = True
     mask = torch.ones(n, n, dtype=torch.bool, device=h.device)
-    out, _, _ = net.language_model(
+    out, k, v = net.language_model(
         h, inputs["pos"], mask, inputs["ctx_k"], inputs["ctx_v"], inputs["ctx_valid"], gen=gen, exact=exact
     )
-    return {"velocity": linear(out[:, 1:-1], net.llm2vae, exact).float()}
+    return {"velocity": linear(out[:, 1:-1], net.llm2vae, exact).float(), "k": k, "v": v}
+
+
+def encode_body(vae: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Images ``[B, 3, H, W]`` in -1..1 to FLUX latents, a draw from the posterior with the given noise
+    (BAGEL's encode samples), normalised as BAGEL does: ``scale * (z - shift)``."""
+    dist = vae.encode(inputs["pixels"].to(vae.dtype)).latent_dist
+    z = dist.mean + dist.std * inputs["noise"].to(vae.dtype)
+    return {"latent": ((z - vae.config.shift_factor) * vae.config.scaling_factor).float()}
 
 
 def decode_body(vae: Any, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -158,21 +166,17 @@ def text_ids(inst: BagelModel, text: str) -> list[int]:
     return [sp["bos_token_id"], *inst.tokenizer.encode(text), sp["eos_token_id"]]
 
 
-def vit_patches(inst: BagelModel, image: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """An image ``[H, W, 3]`` in 0..1 as SigLIP NaViT patches: resized so its long side is at most the
-    tower's table and its short side at least 16 patches (both multiples of the patch), normalized to
-    -1..1; returns patches ``[N, p*p*3]`` (row-major, each ``p x p x 3``) and their flattened ids."""
+def resized(image: np.ndarray, max_size: int, min_size: int, stride: int) -> torch.Tensor:
+    """BAGEL's resize: the long side at most ``max_size``, the short side at least ``min_size``, both
+    multiples of ``stride`` (bilinear); returns ``[H, W, 3]`` in -1..1."""
     from PIL import Image
 
-    net = inst.net
-    p, side = net.vit_model.config.patch_size, net.vit_side
-    max_size, min_size = side * p, min(16 * p, side * p // 2)
     height, width = image.shape[:2]
     scale = min(max_size / max(width, height), 1.0)
     scale = max(scale, min_size / min(width, height))
 
     def fit(value: float) -> int:
-        return max(p, int(round(value / p) * p))
+        return max(stride, int(round(value / stride) * stride))
 
     new_w, new_h = fit(width * scale), fit(height * scale)
     if max(new_w, new_h) > max_size:
@@ -181,8 +185,17 @@ def vit_patches(inst: BagelModel, image: np.ndarray) -> tuple[torch.Tensor, torc
     pil = Image.fromarray((np.clip(image, 0, 1) * 255).round().astype(np.uint8)).resize(
         (new_w, new_h), Image.Resampling.BILINEAR
     )
-    pixels = torch.from_numpy(np.asarray(pil, dtype=np.float32) / 255.0) * 2 - 1  # [H, W, 3]
-    rows, cols = new_h // p, new_w // p
+    return torch.from_numpy(np.asarray(pil, dtype=np.float32) / 255.0) * 2 - 1
+
+
+def vit_patches(inst: BagelModel, image: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """An image ``[H, W, 3]`` in 0..1 as SigLIP NaViT patches: resized so its long side is at most the
+    tower's table and its short side at least 16 patches (both multiples of the patch), normalized to
+    -1..1; returns patches ``[N, p*p*3]`` (row-major, each ``p x p x 3``) and their flattened ids."""
+    net = inst.net
+    p, side = net.vit_model.config.patch_size, net.vit_side
+    pixels = resized(image, side * p, min(16 * p, side * p // 2), p)
+    rows, cols = pixels.shape[0] // p, pixels.shape[1] // p
     patches = pixels.reshape(rows, p, cols, p, 3).permute(0, 2, 1, 3, 4).reshape(rows * cols, p * p * 3)
     return patches.to(inst.dtype), grid_ids(rows, cols, side)
 
@@ -235,6 +248,8 @@ class _Base:
                 inputs=_plan_inputs([ctx], ids=ids, pos=pos),
                 label=f"prefill {ids.shape[1]} tokens",
             )
+        if segment["kind"] == "vae":
+            return self._vae_segment_plan(ctx, state)
         patches = state.tensors[f"image{segment['index']}.patches"]
         vit = state.tensors[f"image{segment['index']}.ids"]
         sp = inst.special
@@ -245,6 +260,35 @@ class _Base:
             body=partial(vit_body, net, inst.exact),
             inputs=_plan_inputs([ctx], ids=ids, pos=pos, patches=patches[None], vit_ids=vit[None]),
             label=f"image {patches.shape[0]} ViT tokens",
+        )
+
+    def _vae_segment_plan(self, ctx: dict[str, Any], state: LoopState) -> WorkPlan:
+        """The edited image: its FLUX encode (VAE_TILE), then its clean latent tokens (flow time 0, the
+        generation expert) between the vision markers, prefilled in full attention."""
+        inst = self.instance
+        if "edit.latent" not in state.tensors:
+            vae = inst.component("vae")
+            return WorkPlan(
+                kind=WorkUnitKind.VAE_TILE,
+                body=partial(encode_body, vae),
+                inputs={"pixels": state.tensors["edit.pixels"], "noise": state.tensors["edit.noise"]},
+                label="vae encode",
+            )
+        latent, n = state.tensors["edit.latent"], state.tensors["edit.latent"].shape[0]
+        sp, dev = inst.special, inst.device
+        inputs = _plan_inputs(
+            [ctx],
+            latents=latent[None].to(inst.dtype),
+            t=torch.zeros(1, device=dev),
+            ids=torch.tensor([[sp["start_of_image"], sp["end_of_image"]]], device=dev),
+            grid=state.tensors["grid"][None],
+            pos=torch.full((1, n + 2), ctx["rope"], device=dev),
+        )
+        return WorkPlan(
+            kind=WorkUnitKind.AR_PREFILL,
+            body=partial(denoise_body, inst.net, inst.exact),
+            inputs=inputs,
+            label=f"image {n} latent tokens",
         )
 
     @staticmethod
@@ -443,14 +487,24 @@ class ImageLoop(_Base):
 
     def init(self, request: Any, instance: Any = None, ctx: Any = None) -> LoopState:
         inst = self.instance
-        p = _check_request(inst, request, ImageParams)
+        p = _check_request(inst, request, GuidedParams)
         net = inst.net
         down = 8 * net.latent_patch_size  # the FLUX VAE is x8; 2x2 latent patches
-        rows, cols = p.height // down, p.width // down
+        edit = next((part.image for part in request.parts if part.kind == "image"), None)
+        if isinstance(p, EditParams):
+            if edit is None:
+                raise ConfigError("edit needs the image to edit. Fix: send one image part", param="image")
+            most = net.max_latent_size * down  # BAGEL's vae transform: 512..1024 px a side, multiples of 16
+            pixels = resized(edit, most, min(512, most // 2), down)
+            height, width = pixels.shape[:2]
+        else:
+            assert isinstance(p, ImageParams)
+            height, width = p.height, p.width
+        rows, cols = height // down, width // down
         if max(rows, cols) > net.max_latent_size:
             most = net.max_latent_size * down
             raise ConfigError(
-                f"size {p.width}x{p.height} exceeds this model's latent table ({most} px a side). "
+                f"size {width}x{height} exceeds this model's latent table ({most} px a side). "
                 f"Fix: use at most {most}x{most}",
                 param="height",
             )
@@ -473,8 +527,25 @@ class ImageLoop(_Base):
             state.values[f"{name}.rope"] = 0
         # t2i: the text-unconditioned context is the empty one before the prompt; the image-unconditioned
         # context holds the prompt (no image), so it IS the conditional one: an alias, not a copy
-        pending: list[tuple[str, dict[str, Any]]] = [("cond", {"kind": "text", "ids": prompt})]
+        # pending prefills: (context written, context extended, segment), in order
+        text = {"kind": "text", "ids": prompt}
+        pending: list[tuple[str, str, dict[str, Any]]] = [("cond", "cond", text)]
         aliases = {"img_uncond": "cond"}
+        if isinstance(p, EditParams):
+            # edit: cond = [image (VAE latent, then ViT), instruction]; text-unconditioned = the image
+            # alone; image-unconditioned = the instruction alone (BAGEL's interleave_inference)
+            state.tensors["edit.pixels"] = pixels.permute(2, 0, 1)[None].to(inst.device)
+            c = net.latent_channels
+            state.tensors["edit.noise"] = torch.randn(1, c, 2 * rows, 2 * cols, generator=gen).to(inst.device)
+            patches, vit_ids = vit_patches(inst, (pixels.numpy() + 1) / 2)
+            state.tensors["image0.patches"], state.tensors["image0.ids"] = patches, vit_ids
+            pending = [
+                ("text_uncond", "text_uncond", {"kind": "vae"}),
+                ("text_uncond", "text_uncond", {"kind": "image", "index": 0}),
+                ("cond", "text_uncond", text),
+                ("img_uncond", "img_uncond", text),
+            ]
+            aliases = {}
         thinking = request.carry.get("thinking")
         if thinking is not None:
             # think-t2i: the AR stage's contexts after its system prompt and after the prompt are the
@@ -483,7 +554,7 @@ class ImageLoop(_Base):
             for name, ctx in (("text_uncond", system), ("img_uncond", with_prompt), ("cond", with_prompt)):
                 state.tensors[f"{name}.k"], state.tensors[f"{name}.v"] = ctx["k"], ctx["v"]
                 state.values[f"{name}.rope"] = ctx["rope"]
-            pending, aliases = [("cond", {"kind": "text", "ids": text_ids(inst, thinking)})], {}
+            pending, aliases = [("cond", "cond", {"kind": "text", "ids": text_ids(inst, thinking)})], {}
         state.values.update(
             pending=pending,
             aliases=aliases,
@@ -519,8 +590,8 @@ class ImageLoop(_Base):
     def next(self, state: LoopState) -> WorkPlan | Done:
         v = state.values
         if v["pending"]:
-            name, segment = v["pending"][0]
-            return self._segment_plan(self._ctx(state, name), segment, state)
+            _, source, segment = v["pending"][0]
+            return self._segment_plan(self._ctx(state, source), segment, state)
         if v["phase"] == "denoise":
             return self._denoise_plan(state)
         if v["phase"] == "decode":
@@ -572,8 +643,15 @@ class ImageLoop(_Base):
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
         v, out = state.values, result.outputs
         if v["pending"]:
-            name, segment = v["pending"].pop(0)
-            ctx = self._fold_segment(self._ctx(state, name), segment, out)
+            name, source, segment = v["pending"][0]
+            if segment["kind"] == "vae" and "edit.latent" not in state.tensors:  # the encode ran
+                rows, cols = v["grid_shape"]
+                p, c = self.instance.net.latent_patch_size, self.instance.net.latent_channels
+                z = out["latent"][0].reshape(c, rows, p, cols, p)
+                state.tensors["edit.latent"] = torch.einsum("chpwq->hwpqc", z).reshape(rows * cols, p * p * c)
+                return state
+            v["pending"].pop(0)
+            ctx = self._fold_segment(self._ctx(state, source), segment, out)
             state.tensors[f"{name}.k"], state.tensors[f"{name}.v"], v[f"{name}.rope"] = (
                 ctx["k"],
                 ctx["v"],

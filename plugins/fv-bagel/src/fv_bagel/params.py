@@ -39,16 +39,10 @@ class TextParams(Params):
         return value
 
 
-class ImageParams(Params):
-    """One image from the denoise loop (``t2i``)."""
+class GuidedParams(Params):
+    """The denoise loop's schedule and guidance (``t2i``, ``edit``)."""
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT, description="what the image shows")
-    height: int = Field(
-        ge=16, description="pixels, a multiple of 16", json_schema_extra=param_meta("max_height")
-    )
-    width: int = Field(
-        ge=16, description="pixels, a multiple of 16", json_schema_extra=param_meta("max_width")
-    )
     num_inference_steps: int = Field(
         ge=2, le=1000, description="timesteps of the schedule (BAGEL's num_timesteps; steps run: one fewer)",
         json_schema_extra=param_meta("max_steps", "--steps"),
@@ -67,6 +61,30 @@ class ImageParams(Params):
     timestep_shift: float = Field(gt=0.0, le=100.0, description="flow time shift of the schedule")
 
     def check(self, card: ModelCard, loop_id: str) -> None:
+        lo, hi = self.cfg_interval
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ConfigError(
+                f"cfg_interval={list(self.cfg_interval)} must satisfy 0 <= lo <= hi <= 1. Fix: e.g. [0.4, 1.0]",
+                param="cfg_interval",
+            )
+
+
+class EditParams(GuidedParams):
+    """``edit``: the instruction and guidance; the input image sets the size (resized as BAGEL does)."""
+
+
+class ImageParams(GuidedParams):
+    """One image from the denoise loop (``t2i``)."""
+
+    height: int = Field(
+        ge=16, description="pixels, a multiple of 16", json_schema_extra=param_meta("max_height")
+    )
+    width: int = Field(
+        ge=16, description="pixels, a multiple of 16", json_schema_extra=param_meta("max_width")
+    )
+
+    def check(self, card: ModelCard, loop_id: str) -> None:
+        super().check(card, loop_id)
         for name in ("height", "width"):
             value = getattr(self, name)
             if value % 16:
@@ -75,12 +93,6 @@ class ImageParams(Params):
                     f"Fix: use {max(16, value // 16 * 16)}",
                     param=name,
                 )
-        lo, hi = self.cfg_interval
-        if not 0.0 <= lo <= hi <= 1.0:
-            raise ConfigError(
-                f"cfg_interval={list(self.cfg_interval)} must satisfy 0 <= lo <= hi <= 1. Fix: e.g. [0.4, 1.0]",
-                param="cfg_interval",
-            )
 
 
 class ThinkImageParams(ImageParams):
