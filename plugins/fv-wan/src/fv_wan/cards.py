@@ -1,4 +1,5 @@
-"""Model cards: Wan2.1 T2V (tiny, shapes, 1.3B, 14B), FastWan 1.3B (DMD2, 3 steps), Wan2.1 I2V 14B
+"""Model cards: Wan2.1 T2V (tiny, shapes, 1.3B, 14B), the shapes model's DMD2 students (1 and 2 steps),
+FastWan 1.3B (DMD2, 3 steps), Wan2.1 I2V 14B
 (480p, 720p), Wan2.2 TI2V-5B and Wan2.2 A14B (T2V, I2V), plus tiny random-weight cards of each variant."""
 
 from __future__ import annotations
@@ -44,10 +45,9 @@ BASE_DEFAULTS = dict(
 )
 
 
-def programs(tasks: tuple[str, ...] = T2V_TASKS, **defaults) -> dict[str, ProgramSpec]:
-    """The card's tasks (the first is the default) with its defaults: ``t2v``, ``t2i`` (one frame) and
-    ``i2v`` (the video starts from the request's image)."""
-    loop = "dmd3" if defaults.get("sampler") == "dmd" else "t2v"
+def programs(tasks: tuple[str, ...] = T2V_TASKS, loop: str = "t2v", **defaults) -> dict[str, ProgramSpec]:
+    """The card's tasks (the first is the default) with its defaults: ``t2v``, ``t2i`` (one frame) on
+    the text loop ``loop`` and ``i2v`` (the video starts from the request's image)."""
     merged = {**BASE_DEFAULTS, **defaults}
     every = {
         "t2v": ProgramSpec(stages=[loop], defaults=merged, outputs=["video"], description="text to video"),
@@ -109,17 +109,21 @@ OPTIONAL = {
 
 
 def components(
-    config: dict[str, dict] | None = None, tasks: tuple[str, ...] = T2V_TASKS, optional: tuple[str, ...] = ()
+    config: dict[str, dict] | None = None,
+    tasks: tuple[str, ...] = T2V_TASKS,
+    optional: tuple[str, ...] = (),
+    shared: dict[str, str] | None = None,
 ) -> dict[str, ComponentSpec]:
     """Wan's five components in the diffusers layout plus the ``optional`` ones the variant has;
-    ``config``: what each must hold (see ``architecture``)."""
-    config = config or {}
+    ``config``: what each must hold (see ``architecture``); ``shared``: components whose folder is
+    another checkpoint's, relative to this one (a student sharing its parent's files)."""
+    config, shared = config or {}, shared or {}
 
     def spec(kind: str, load_id: str, folder: str) -> ComponentSpec:
         return ComponentSpec(
             kind=kind,
             load_id=load_id,
-            subfolder=folder,
+            subfolder=shared.get(folder, folder),
             required_for=set(tasks),
             resident_for=set(tasks),
             config=config.get(folder, {}),
@@ -177,16 +181,19 @@ def wan_card(
     default_weights: str | None = None,
     tasks: tuple[str, ...] = T2V_TASKS,
     optional: tuple[str, ...] = (),
+    shared: dict[str, str] | None = None,
 ) -> ModelCard:
     """``kv_capacity``: prompts whose per-block text keys/values stay cached (blocks x 2 x 512 x dim each);
-    ``tasks``: the variant's tasks; ``optional``: the optional components its folder has."""
+    ``tasks``: the variant's tasks; ``optional``: the optional components its folder has; ``shared``:
+    components in another checkpoint's folder (see ``components``)."""
     pipeline = "WanImageToVideoPipeline" if tasks == I2V_TASKS else "WanPipeline"
+    text_loop = next((loop for loop in loops if loop != "i2v"), "t2v")
     return ModelCard(
         model_id=model_id,
         family="wan",
         description=description,
-        programs=programs(tasks, **defaults),
-        components=components(config, tasks, optional),
+        programs=programs(tasks, text_loop, **defaults),
+        components=components(config, tasks, optional, shared),
         loops=loops,
         recipe=recipe,
         pipeline=pipeline,
@@ -308,6 +315,76 @@ def wan_shapes() -> ModelCard:
         kv_capacity=64,
         default_weights="fv_wan.cards:shapes_weights",
     )
+
+
+SHAPES_TIMESTEPS = {1: [1000], 2: [1000, 750]}  # the DMD2 students' fixed timesteps
+# the students ship only their transformer: the rest is the parent's files (see fv_wan.checkpoint)
+SHAPES_SHARED = {name: f"../shapes/{name}" for name in ("vae", "text_encoder", "tokenizer", "scheduler")}
+
+
+def shapes_student_weights(steps: int) -> str:
+    """A DMD2 student of the shapes model shipped next to its parent: its transformer and recipe."""
+    return str(Path(__file__).parent / "weights" / f"shapes-{steps}step")
+
+
+def shapes_1step_weights() -> str:
+    return shapes_student_weights(1)
+
+
+def shapes_2step_weights() -> str:
+    return shapes_student_weights(2)
+
+
+def shapes_student(steps: int) -> ModelCard:
+    """``wan2.1-t2v-shapes-<steps>step``: the shapes model distilled by DMD2 (fv-train-dmd2) to ``steps``
+    fixed timesteps; runs only the ``dmd`` sampler at exactly those steps, guidance 1."""
+    timesteps, loop_id = SHAPES_TIMESTEPS[steps], f"dmd{steps}"
+    cost = StepCostModel(base_s=0.004, per_token_s=4e-6)
+    loop = loop_spec(
+        StepsContract(min_steps=steps, max_steps=steps, fixed_timesteps=timesteps), ["dmd"], cost
+    )
+    recipe = RecipeSpec(
+        method="dmd2",
+        parents=["wan2.1-t2v-shapes"],
+        assumes_loop=loop_id,
+        consistency_required="C2",  # its train forward is the serve forward (the C2 gate of fv-train-dmd2)
+        description=f"DMD2-distilled from wan2.1-t2v-shapes (30 UniPC steps, guidance 1) for {steps} "
+        f"step{'s' if steps > 1 else ''} at timesteps {timesteps}, no CFG (configs/shapes/dmd2_{steps}step.yaml)",
+    )
+    return wan_card(
+        f"wan2.1-t2v-shapes-{steps}step",
+        f"The shapes model (wan2.1-t2v-shapes) distilled by DMD2 into a {steps}-step student: fixed timesteps "
+        f"{timesteps}, sampler 'dmd', no CFG. Ships only its transformer; the VAE, text encoder, tokenizer "
+        "and scheduler are its parent's files. Trained with `fv train "
+        f"configs/shapes/dmd2_{steps}step.yaml` (fv-train-dmd2); quality in bench/results/dmd2_shapes.json.",
+        {loop_id: loop},
+        recipe,
+        defaults=dict(
+            num_frames=9,
+            height=64,
+            width=64,
+            num_inference_steps=steps,
+            guidance_scale=1.0,
+            max_sequence_length=16,
+            sampler="dmd",
+        ),
+        config=architecture(layers=4, heads=4, head_dim=32, text_dim=64, text_layers=2),
+        max_frames=17,
+        max_resolution=(128, 128),
+        kv_capacity=64,
+        # one or two distilled steps: nothing to skip or reuse
+        interceptors=set(),
+        default_weights=f"fv_wan.cards:shapes_{steps}step_weights",
+        shared=SHAPES_SHARED,
+    )
+
+
+def wan_shapes_1step() -> ModelCard:
+    return shapes_student(1)
+
+
+def wan_shapes_2step() -> ModelCard:
+    return shapes_student(2)
 
 
 WAN_1_3B = architecture(layers=30, heads=12, head_dim=128, text_dim=4096, text_layers=24)
@@ -532,6 +609,8 @@ def wan22_i2v_a14b() -> ModelCard:
 CARDS = (
     wan_tiny,
     wan_shapes,
+    wan_shapes_1step,
+    wan_shapes_2step,
     wan_1_3b,
     wan_14b,
     fastwan_1_3b,

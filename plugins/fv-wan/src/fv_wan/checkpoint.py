@@ -25,7 +25,10 @@ EXPECTED_LAYOUT = """\
 and, where model_index.json lists them (Wan2.1 I2V; Wan2.2 A14B):
   image_encoder/    config.json + model.safetensors   [CLIP vision]
   image_processor/  preprocessor_config.json
-  transformer_2/    like transformer/ (the low-noise expert)"""
+  transformer_2/    like transformer/ (the low-noise expert)
+A distilled student may ship only its transformer/: model_index.json's "_fv_shared" then maps each
+component it shares with its parent to that folder, relative to this one ({"vae": "../shapes/vae"})."""
+SHARED_KEY = "_fv_shared"  # model_index.json: component -> its folder, relative to this checkpoint
 
 WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder")
 BASE_COMPONENTS = [*WEIGHT_FOLDERS, "tokenizer", "scheduler"]
@@ -51,6 +54,15 @@ ALTERNATIVE_CLASSES = {
 def pipeline_index(folder: Path) -> dict[str, Any]:
     """``model_index.json`` of a checkpoint folder."""
     return json.loads((folder / "model_index.json").read_text())
+
+
+def component_dir(folder: Path, name: str) -> Path:
+    """Where component ``name`` of the checkpoint ``folder`` lives: ``folder/name``, or the folder
+    model_index.json's ``_fv_shared`` maps it to (a distilled student sharing its parent's VAE, text
+    encoder, tokenizer and scheduler files). ``name`` may be a card's subfolder path (``../shapes/vae``)."""
+    index = folder / "model_index.json"
+    shared = (json.loads(index.read_text()).get(SHARED_KEY) or {}) if index.is_file() else {}
+    return folder / shared.get(name, name)
 
 
 def listed_components(folder: Path) -> list[str]:
@@ -88,7 +100,10 @@ def check_layout(folder: str | Path, components: list[str] | None = None) -> Pat
 
 
 def _check_component(folder: Path, name: str) -> None:
-    sub = folder / name
+    sub = component_dir(folder, name)
+    name = Path(name).name  # a card's subfolder path names the component last
+    if sub.resolve() != (folder / name).resolve():
+        refuse_pickles(sub)  # a shared folder outside this checkpoint
     if not sub.is_dir():
         _fail(folder, f"component folder {name}/ is missing")
     if name == "scheduler":
@@ -117,6 +132,7 @@ def _check_component(folder: Path, name: str) -> None:
 def load_component(folder: str | Path, name: str, dtype: torch.dtype = torch.float32) -> Any:
     """Load one component with its library's ``from_pretrained`` (safetensors only)."""
     folder = check_layout(folder, [name])
+    sub, name = component_dir(folder, name), Path(name).name
     library, cls_name = COMPONENT_CLASSES[name]
     if name in ALTERNATIVE_CLASSES:
         listed = (pipeline_index(folder).get(name) or [None, None])[1] or cls_name
@@ -130,16 +146,16 @@ def load_component(folder: str | Path, name: str, dtype: torch.dtype = torch.flo
         import diffusers
 
         cls = getattr(diffusers, cls_name)
-        return cls.from_pretrained(folder / name, torch_dtype=dtype, use_safetensors=True).eval()
+        return cls.from_pretrained(sub, torch_dtype=dtype, use_safetensors=True).eval()
     import transformers
 
     cls = getattr(transformers, cls_name)
     if name in ("tokenizer", "image_processor"):
-        return cls.from_pretrained(folder / name)
-    return cls.from_pretrained(folder / name, dtype=dtype, use_safetensors=True).eval()
+        return cls.from_pretrained(sub)
+    return cls.from_pretrained(sub, dtype=dtype, use_safetensors=True).eval()
 
 
 def load_scheduler_config(folder: str | Path) -> dict[str, Any]:
     """The checkpoint's ``scheduler/scheduler_config.json``."""
     folder = check_layout(folder, ["scheduler"])
-    return json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+    return json.loads((component_dir(folder, "scheduler") / "scheduler_config.json").read_text())

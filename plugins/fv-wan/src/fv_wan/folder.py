@@ -15,7 +15,7 @@ from typing import Any
 
 from fv_core import ModelCard, StepCostModel, WeightsError
 from fv_wan.cards import I2V_TASKS, T2V_TASKS, TI2V_TASKS, base_card
-from fv_wan.checkpoint import OPTIONAL_COMPONENTS, listed_components
+from fv_wan.checkpoint import OPTIONAL_COMPONENTS, component_dir, listed_components
 from fv_wan.variant import WanVariant
 
 # scheduler class in the folder -> the fv sampler that reproduces it
@@ -23,7 +23,9 @@ SAMPLER_OF = {"UniPCMultistepScheduler": "unipc", "FlowMatchEulerDiscreteSchedul
 
 
 def _config(folder: Path, file: str) -> dict[str, Any]:
-    return json.loads((folder / file).read_text())
+    """``component/name.json`` of the checkpoint (a shared component's from its parent's folder)."""
+    component, name = file.split("/", 1)
+    return json.loads((component_dir(folder, component) / name).read_text())
 
 
 def scheduler_defaults(folder: Path) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from fv_core import hookimpl
 CARDS = {
     "wan2.1-t2v-tiny": "fv_wan.cards:wan_tiny",
     "wan2.1-t2v-shapes": "fv_wan.cards:wan_shapes",
+    "wan2.1-t2v-shapes-1step": "fv_wan.cards:wan_shapes_1step",
+    "wan2.1-t2v-shapes-2step": "fv_wan.cards:wan_shapes_2step",
     "wan2.1-t2v-1.3b": "fv_wan.cards:wan_1_3b",
     "wan2.1-t2v-14b": "fv_wan.cards:wan_14b",
     "fastwan2.1-t2v-1.3b": "fv_wan.cards:fastwan_1_3b",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fv_wan.checkpoint import listed_components, pipeline_index
+from fv_wan.checkpoint import component_dir, listed_components, pipeline_index
 
 HIGH_NOISE, LOW_NOISE = "transformer", "transformer_2"
 Conditioning = Literal["none", "concat", "first_frame"]
@@ -65,4 +65,4 @@ class WanVariant:
 
 
 def _config(folder: Path, component: str) -> dict:
-    return json.loads((folder / component / "config.json").read_text())
+    return json.loads((component_dir(folder, component) / "config.json").read_text())
