@@ -12,6 +12,7 @@ config gives (dynamic shift from the video token count; float sigmas when the re
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Any
 
@@ -179,14 +180,16 @@ class LTX2Loop:
         branches = (["cfg"] if p.cfg_on else ["cond"]) + ["stg"] * p.stg_on + ["modality"] * p.modality_on
         state.values.update(
             phase="encode", branch=0, branches=branches, grid=list(grid), audio_frames=audio_frames, mel=mel,
-            scales={"video": [p.guidance_scale, p.stg_scale, p.modality_scale, p.guidance_rescale],
-                    "audio": list(scales)},
+            guidance={"video": [p.guidance_scale, p.stg_scale, p.modality_scale, p.guidance_rescale],
+                      "audio": list(scales)},
             statics=dict(
                 num_frames=grid[0], height=grid[1], width=grid[2], fps=p.fps, audio_num_frames=audio_frames,
                 use_cross_timestep=p.use_cross_timestep,
             ),
             stg_blocks=list(p.spatio_temporal_guidance_blocks), cache_hits=0,
             latents_out=bool(request.carry.get("latents_out")),
+            # what a rollout's BehaviorRecord keeps besides each step's inputs and outputs
+            weights_versions=dict(inst.weights_versions), conditioning=["video_text", "audio_text", "text_mask"],
         )  # fmt: skip
         self._tokenize(inst, state, p)
         self._start_latents(state, request, grid, audio_frames)
@@ -445,13 +448,31 @@ class LTX2Loop:
             return partial(parallel_denoise_body, self.instance.parallel, statics, branch)
         return partial(denoise_body, self.instance.component("transformer"), statics, branch)
 
+    def replay_plan(self, record: Any, step: Any) -> WorkPlan:
+        """A recorded denoise branch call (``record.steps[i]``) as a plan on this instance's live weights:
+        its body over the recorded inputs (``fv_core.training.replay_step``)."""
+        label = re.fullmatch(r"denoise \d+/\d+ \((\w+)\)", step.label)
+        if step.kind != WorkUnitKind.DIFFUSION_STEP.value or label is None:
+            raise ConfigError(f"LTX-2 replays its denoise steps only; got step {step.label!r}")
+        branch, v, inputs = label.group(1), record.values, dict(step.inputs)
+        statics = {
+            **v["statics"],
+            "isolate_modalities": branch == "modality",
+            "spatio_temporal_guidance_blocks": v["stg_blocks"] if branch == "stg" else None,
+        }
+        if self.block_seam:
+            inputs[BLOCKS_INPUT] = None
+        rows = inputs["latents"].shape[0]
+        body = self._denoise(statics, branch)
+        return WorkPlan(WorkUnitKind.DIFFUSION_STEP, body, inputs, batch_size=rows, label=step.label)
+
     def _combine_and_step(self, state: LoopState) -> None:
         """Combine the branches in x0 space per modality, then one Euler step of both latents."""
         t, v, i = state.tensors, state.values, state.step
         sigma, sigma_next = t["sigmas"][i], t["sigmas"][i + 1]
         for modality, key in (("video", "latents"), ("audio", "audio_latents")):
             sample = t[key]
-            gs, stg, mod, factor = v["scales"][modality]
+            gs, stg, mod, factor = v["guidance"][modality]
             if "cfg" in v["branches"]:
                 uncond, cond = t[f"cfg.{modality}"].chunk(2)
                 x0 = sample - cond * sigma
