@@ -12,6 +12,11 @@ ends with that error on its stream. API::
         async for event in aengine.stream(rid): ...       # progress ... then done / error / cancelled
         aengine.cancel(rid)                               # at the next step boundary
         result = await aengine.result(rid)                # LoopResult, or raises Cancelled / the error
+        value = await asyncio.wrap_future(aengine.at_boundary(fn))  # fn(scheduler) between two ticks
+
+``at_boundary`` is thread-safe; its ``fn`` runs on the worker after the commands queued before it
+(a request submitted earlier is initialised first) and before the next tick, so no step runs
+meanwhile: a weight sync swaps weights there.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +34,7 @@ from fv_core.loop.contracts import LoopResult, StreamEvent
 from fv_core.request import TERMINAL_EVENTS
 from fv_core.runtime.engine import Engine
 from fv_core.runtime.engine import freeze_heap as freeze_loaded_heap
+from fv_core.runtime.scheduler import Scheduler, settle
 
 
 @dataclass(slots=True)
@@ -52,6 +59,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._retry_after_s = 0.0  # the worker's latest estimate, for QueueFull answers
+        self._boundary: set[Future] = set()  # at_boundary futures not yet settled (stop cancels them)
 
     @property
     def _event_loop(self) -> asyncio.AbstractEventLoop:
@@ -82,6 +90,8 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        for future in list(self._boundary):  # queued behind the stop: they never run
+            future.cancel()
 
     async def submit(self, loop: Any, request: Any, instance: Any) -> str:
         """Queue a request without waiting for the worker; returns its id. Raises QueueFull when the
@@ -119,6 +129,16 @@ class AsyncEngine:
 
     def cancel(self, request_id: str, reason: str = "cancelled by caller") -> None:
         self._commands.put(lambda: self._sched.cancel(request_id, reason))
+
+    def at_boundary(self, fn: Callable[[Scheduler], Any]) -> Future:
+        """Run ``fn(scheduler)`` on the worker between two ticks; the Future holds its value or error."""
+        if self._thread is None:
+            raise RuntimeError("AsyncEngine is not started; use `async with` or await start() first")
+        future: Future = Future()
+        self._boundary.add(future)
+        future.add_done_callback(self._boundary.discard)
+        self._commands.put(lambda: settle(future, fn, self._sched))
+        return future
 
     async def result(self, request_id: str) -> LoopResult:
         """The final result; raises Cancelled or the request's error."""

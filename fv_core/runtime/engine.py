@@ -9,6 +9,7 @@ Signatures (a work item is ``(loop_or_program, request, instance)``)::
     engine.run_interleaved(items) -> list[LoopResult | None]  # step by step, never batched
     engine.run_batched(items) -> list[LoopResult | None]      # step by step, compatible steps batched
     engine.cancel(request_id)                                 # at the next step boundary
+    engine.at_boundary(fn) -> Future                          # fn(scheduler) between two ticks
     engine.admission.usage()                                  # reserved compute / memory / running
 
 In the lists, ``None`` marks a cancelled request; a failed request re-raises
@@ -17,14 +18,18 @@ its error once the others finished. ``on_event`` receives every StreamEvent
 the LoopResult, or ``error`` / ``cancelled`` carrying the exception).
 ``state`` resumes a loop from a saved LoopState. ``freeze_heap()`` after loading
 models keeps garbage-collection pauses independent of the process's heap. The engine owns one
-CostModel calibrated by a Profiler observer, and one AdmissionController.
+CostModel calibrated by a Profiler observer, and one AdmissionController. ``at_boundary`` (from
+another thread while a run goes on, or when idle) runs ``fn(scheduler)`` between two ticks of the
+run in progress, else at once: a weight sync swaps weights there.
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -37,7 +42,7 @@ from fv_core.loop.observers import Profiler
 from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Budget
 from fv_core.runtime.cost import CostModel
-from fv_core.runtime.scheduler import Entry, Scheduler, SchedulerConfig, WorkItem
+from fv_core.runtime.scheduler import Entry, Scheduler, SchedulerConfig, WorkItem, settle
 
 
 def freeze_heap() -> None:
@@ -79,6 +84,7 @@ class Engine:
         self.max_units_per_tick = max_units_per_tick
         self._scheduler: Scheduler | None = None
         self._cancel_later: dict[str, str] = {}
+        self._lock = threading.Lock()  # guards _scheduler for at_boundary callers on other threads
 
     def register_cost(self, loop_id: str, step_cost: StepCostModel) -> None:
         """Price plans of ``loop_id`` that carry no cost_s by a LoopSpec step cost model."""
@@ -114,11 +120,22 @@ class Engine:
         if self._scheduler is None or not self._scheduler.cancel(request_id, reason):
             self._cancel_later[request_id] = reason
 
+    def at_boundary(self, fn: Callable[[Scheduler], Any]) -> Future:
+        """``fn(scheduler)`` at the next step boundary of the run in progress, or at once when idle."""
+        with self._lock:
+            if self._scheduler is not None:
+                return self._scheduler.at_boundary(fn)
+        future: Future = Future()
+        settle(future, fn, self.scheduler(batching=False))
+        return future
+
     def _drive(
         self, items: Sequence[WorkItem], batching: bool, state: LoopState | None = None
     ) -> list[Entry]:
         """Submit items as the queue allows and tick until all finish."""
-        sched = self._scheduler = self.scheduler(batching)
+        sched = self.scheduler(batching)
+        with self._lock:
+            self._scheduler = sched
         pending, entries = deque(items), []
         try:
             while pending or sched.has_work():
@@ -138,7 +155,9 @@ class Engine:
             sched.abort(exc)  # nothing stays reserved when a run fails
             raise
         finally:
-            self._scheduler = None
+            with self._lock:
+                self._scheduler = None
+            sched.run_boundary()  # callbacks queued after the last tick
         return entries
 
     @staticmethod

@@ -11,6 +11,14 @@ the requests' LoopStates; the scheduler holds only queues and reservations.
 Loops may define ``estimate(state) -> (raw_seconds, peak_bytes)`` for their
 remaining work; otherwise admission budgets the first plan's cost times the
 remaining steps (``total_steps``, or ``open_loop_steps`` when unknown).
+
+``at_boundary(fn)`` runs ``fn(scheduler)`` at the start of the next tick, before
+cancellations and admission: no step runs and nothing is admitted meanwhile
+(a weight sync swaps weights there). Loops that pin their weights at init
+(``state.values["weights_versions"]``: component -> version) keep them across a
+sync; when a request leaves, an instance with retired versions
+(``retired_versions``) frees those no live request pins (``release_versions``;
+``pins(instance)`` lists them).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +41,16 @@ from fv_core.runtime.batching import run_batch
 from fv_core.runtime.cost import CostModel, calibration_key
 
 WorkItem = tuple[Loop | Program, Any, Any]  # (loop or program, request, instance)
+
+
+def settle(future: Future, fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(*args)`` into ``future``: its value, or the error it raised (unless cancelled first)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn(*args))
+    except Exception as exc:
+        future.set_exception(exc)
 
 
 @dataclass(slots=True)
@@ -119,6 +138,7 @@ class Scheduler:
         self.tick = 0  # ticks run
         self._seq = itertools.count()
         self._cancel_ids: set[str] = set()  # cancel requests, applied at the next boundary
+        self._boundary: deque[tuple[Callable[[Scheduler], Any], Future]] = deque()  # see at_boundary
 
     # -- intake -------------------------------------------------------------------------------------
 
@@ -155,6 +175,28 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.entries)
 
+    def at_boundary(self, fn: Callable[[Scheduler], Any]) -> Future:
+        """Run ``fn(self)`` at the next step boundary (the start of the next ``step``), on the thread that
+        ticks; the Future holds its return value or error. Thread-safe."""
+        future: Future = Future()
+        self._boundary.append((fn, future))
+        return future
+
+    def run_boundary(self) -> None:
+        """Run the callbacks ``at_boundary`` queued (``step`` does it first; an engine, once idle)."""
+        while self._boundary:
+            fn, future = self._boundary.popleft()
+            settle(future, fn, self)
+
+    def pins(self, instance: Any) -> dict[str, dict[str, str]]:
+        """Request id -> the weights versions (component -> version) it pinned at init, for the live
+        requests on ``instance``."""
+        return {
+            rid: e.active.state.values.get("weights_versions", {})
+            for rid, e in self.entries.items()
+            if e.instance is instance and e.active is not None
+        }
+
     def abort(self, error: BaseException) -> None:
         """End every live request with ``error`` (engine shutdown or an internal failure)."""
         for entry in list(self.entries.values()):
@@ -164,6 +206,7 @@ class Scheduler:
 
     def step(self) -> None:
         """One tick: boundary work, then schedule -> execute -> update."""
+        self.run_boundary()
         self._drop_cancelled()
         self._admit()
         out = self.schedule()
@@ -355,6 +398,7 @@ class Scheduler:
             result = program.combine(entry.stage_results)
         entry.result, entry.phase = result, "finished"
         del self.entries[entry.request_id]
+        self._release_versions(entry.instance)
         self._emit(StreamEvent("done", entry.request_id, result.metrics.get("steps", 0), data=result))
 
     def _fail(self, entry: Entry, exc: BaseException) -> None:
@@ -371,7 +415,13 @@ class Scheduler:
         self._release(entry)
         entry.error, entry.phase, entry.pending = error, "finished", None
         self.entries.pop(entry.request_id, None)
+        self._release_versions(entry.instance)
         self._emit(event)
+
+    def _release_versions(self, instance: Any) -> None:
+        """A request left: free the instance's retired weights versions no live request pins."""
+        if getattr(instance, "retired_versions", None):
+            instance.release_versions({p for v in self.pins(instance).values() for p in v.items()})
 
     def _release(self, entry: Entry) -> None:
         if entry.reservation is not None:
