@@ -175,3 +175,33 @@ def test_replay_refuses_hashes_loops_without_replay_plan_and_partial_calls(model
     a = records(rolled)[0]
     with pytest.raises(ConfigError, match="hold 1 of them"):
         call_of([a], a, denoise(a)[0])
+
+
+def test_ltx2_rollout_records_and_replays_its_branch_calls(tmp_path_factory):
+    from fv_ltx2 import plugin as ltx2_plugin
+    from fv_ltx2.tiny import TINY_ID
+    from fv_ltx2.tiny import tiny_weights as ltx2_weights
+
+    host = PluginHost(env={})
+    host.add(ltx2_plugin, "fv-ltx2")
+    ltx = fv_core.load(TINY_ID, ltx2_weights(tmp_path_factory.mktemp("ltx2") / "tiny"), host=host.collect())
+    raw = dict(prompt="a cat", num_inference_steps=2)  # the fewest it runs
+    rolled = rollout(ltx, [dict(raw, seed=1), dict(raw, seed=2, prompt="a dog")])
+    with torch.no_grad():
+        served = Engine().run_batched([ltx.job(r.request) for r in rolled])
+    recs = [r.record for r in rolled]
+    for r, s, rec in zip(rolled, served, recs, strict=True):
+        assert s is not None and same_bits(r.result.outputs["frames"], s.outputs["frames"])
+        assert rec.guidance["video"][0] == r.request.params.guidance_scale
+        assert (
+            rec.weights_versions == dict(ltx.instance.weights_versions) and "video_text" in rec.conditioning
+        )
+        labels = [s.label for s in rec.steps if s.kind == "diffusion_step"]
+        assert labels == [f"denoise {i}/2 ({b})" for i in (1, 2) for b in ("cfg", "stg", "modality")]
+    a = recs[0]
+    for i in denoise(a)[:3]:  # the first step's cfg, stg and modality calls
+        members = call_of(recs, a, i)
+        assert [r.request_id for r, _ in members] == [recs[0].request_id, recs[1].request_id]
+        for (r, k), out in zip(members, replay_call(ltx, members), strict=True):
+            assert all(same_bits(out[n], v) for n, v in r.steps[k].outputs.items()), r.steps[k].label
+        check_c2(ltx, a, i, ["video", "audio"])  # alone, serve == train bit for bit
