@@ -3,7 +3,8 @@
 ``rollout`` runs a loaded model's program (any card's task) for each request through the real
 :class:`~fv_core.runtime.Engine` under ``Profile.ROLLOUT``: the serve path, batched as serving
 batches, plus a :class:`~fv_core.loop.BehaviorRecorder` that captures one ``BehaviorRecord`` per
-request (per stage for multi-stage programs). Its outputs are the serve outputs bit for bit.
+request (per stage for multi-stage programs). Its outputs equal serving the same requests the same
+way (batched or interleaved) bit for bit: capture only reads.
 
 Each recorded step holds the inputs its body got (this request's rows only), the prediction, the
 generator state (re-noise draws) and the body call it ran in. Conditioning is kept in full, not as
@@ -20,8 +21,10 @@ for bit (``check_c2``). A loop makes its steps replayable by implementing
 (the step's body over ``step.inputs``, with ``batch_size`` rows); records store kinds and labels,
 never functions. A step that ran alone is reproduced by ``replay_step``; one that ran in a batched
 call (``step.batched_with > 1``) is reproduced bit for bit by replaying its whole call
-(``replay_call(model, call_of(records, record, index))``) - alone it differs by rounding.
-``step.replayable`` is False where an interceptor answered the step or drove its blocks.
+(``replay_call(model, call_of(records, record, index))``) - alone it may differ by rounding.
+``step.replayable`` is False where an interceptor answered the step or drove its blocks. Replay
+runs the weights live now: they reproduce the record while ``record.weights_versions`` still
+names them, and give the updated prediction once training changed them.
 
 Signatures::
 
