@@ -38,8 +38,14 @@ def test_published_defaults_are_the_cards(bagel):
     assert (p.height, p.width, p.num_inference_steps) == (64, 64, 8)
 
 
-def test_chat_is_text_only_and_never_loads_the_vae(bagel_host, bagel_path):
-    model = fv_core.load("bagel-tiny", bagel_path, host=bagel_host)
+@pytest.fixture(scope="module")
+def fresh(bagel_host, bagel_path):
+    """A second instance of the tiny card (nothing loaded yet)."""
+    return fv_core.load("bagel-tiny", bagel_path, host=bagel_host)
+
+
+def test_chat_is_text_only_and_never_loads_the_vae(fresh):
+    model = fresh
     answer = model.generate(task="chat", prompt="hello, how are you?", max_tokens=6)
     assert isinstance(answer, TextArtifact) and answer.provenance["metrics"]["completion_tokens"] <= 6
     assert model.instance.loaded() == ["net", "tokenizer"]
@@ -96,13 +102,13 @@ def test_schedule_and_guidance_follow_bagel():
 def _mixed(bagel):
     def items():
         params = [
-            ("chat", {"prompt": "hi", "max_tokens": 5}),  # a context of 4 tokens, then 9: one length bucket
-            ("t2i", {"prompt": "a red cat", "num_inference_steps": 4, "seed": 3}),
+            ("chat", {"prompt": "hi", "max_tokens": 4}),  # a context of 4 tokens, then 9: one length bucket
+            ("t2i", {"prompt": "a red cat", "num_inference_steps": 3, "seed": 3}),
             ("chat", {"prompt": "what is in the picture?", "max_tokens": 6,
                       "temperature": 0.8, "top_p": 0.9, "seed": 5}),
             ("t2i", {"prompt": "blue car", "num_inference_steps": 3, "cfg_text_scale": 1.0, "seed": 4}),
-            ("think-t2i", {"prompt": "a cat", "num_inference_steps": 3, "max_tokens": 4, "seed": 6}),
-            ("edit", {"prompt": "make it red", "num_inference_steps": 3, "seed": 8}),
+            ("think-t2i", {"prompt": "a cat", "num_inference_steps": 2, "max_tokens": 2, "seed": 6}),
+            ("edit", {"prompt": "make it red", "num_inference_steps": 2, "seed": 8}),
         ]  # fmt: skip
         return [
             bagel.job(
@@ -189,3 +195,37 @@ def test_edit_conditions_on_the_image_and_takes_its_size(bagel):
     assert edited.provenance["params"]["cfg_renorm_type"] == "text_channel"
     with pytest.raises(ConfigError, match="needs exactly one image"):
         bagel.prepare({"prompt": "make it red"}, task="edit")
+
+
+def test_chat_streams_its_text_token_by_token(bagel):
+    """Each token step's partial event carries the text it settled; together they are the answer (text
+    that may start a stop string is held back until it cannot)."""
+    engine = Engine()
+    events = []
+    engine.on_event = events.append
+    for i, stop in enumerate(([], ["e"])):
+        request = bagel.prepare(
+            {"prompt": "describe the image", "max_tokens": 10, "stop": stop}, task="chat", request_id=f"s{i}"
+        )
+        result = engine.run_one(*bagel.job(request))
+        deltas = [e.data["delta"] for e in events if e.kind == "partial" and e.request_id == f"s{i}"]
+        assert len(deltas) == result.metrics["steps"] and "".join(deltas) == result.outputs["text"]
+
+
+def test_sdpa_math_interleaves_bitwise_and_batches_within_tolerance(fresh):
+    """The published card's math (F.linear, SDPA over padded contexts): interleaving is still bit for bit;
+    a batched or ragged step differs from a solo one only by summation order."""
+    model = fresh
+    model.instance.exact = False
+
+    def items():
+        params = [
+            ("chat", {"prompt": "hi", "max_tokens": 4}),
+            ("chat", {"prompt": "what is in the picture?", "max_tokens": 4, "temperature": 0.5, "seed": 2}),
+            ("t2i", {"prompt": "a red cat", "num_inference_steps": 2, "seed": 3}),
+            ("t2i", {"prompt": "a blue car at night", "num_inference_steps": 2, "seed": 4}),
+        ]
+        return [model.job(model.prepare(p, task=t, request_id=f"f{i}")) for i, (t, p) in enumerate(params)]
+
+    assert assert_interleave_parity(Engine, items).max_abs == 0.0
+    check_batched_parity(Engine, items, tol=1e-4)

@@ -338,6 +338,7 @@ class ChatLoop(_Base):
             stop=list(p.stop),
             weights_versions=dict(inst.weights_versions),
             keep_contexts=bool(request.carry.get("keep_contexts")),
+            streamed=0,
             kept=0,
         )
         self._set_ctx(state, empty_context(inst))
@@ -366,6 +367,7 @@ class ChatLoop(_Base):
             body=partial(text_body, inst.net, inst.exact, True),
             inputs=inputs,
             batch_key=self._key("ar_decode", (inputs["ctx_k"].shape[3],)),
+            emits=("progress", "partial"),
             label=f"token {len(state.values['generated']) + 1}",
         )
 
@@ -386,7 +388,27 @@ class ChatLoop(_Base):
         state.step += 1
         token = sample(out["logits"][0].float(), state.generator, **state.values["sampling"])
         self._take(state, token)
+        # the step's stream payload (its "partial" event): the token and the text it settled; the
+        # logits and keys/values are dropped so a stream consumer holds no cache
+        result.outputs = {"token": token, "delta": self._delta(state)}
         return state
+
+    @staticmethod
+    def _delta(state: LoopState) -> str:
+        """Text not streamed yet that can no longer change: held back while it may be the start of a stop
+        string or ends in an incomplete character; all of it once the loop stops."""
+        values = state.values
+        text, sent = values["text"], values["streamed"]
+        end = len(text)
+        if values["stop_reason"] is None:
+            while end > sent and text[end - 1] == "\ufffd":
+                end -= 1
+            held = max(
+                (n for s in values["stop"] for n in range(1, len(s)) if text[:end].endswith(s[:n])), default=0
+            )
+            end = max(sent, end - held)
+        values["streamed"] = end
+        return text[sent:end]
 
     def _take(self, state: LoopState, token: int) -> None:
         """Fold one sampled token: EOS, then stop strings, then max_tokens."""
@@ -636,7 +658,8 @@ class ImageLoop(_Base):
             kind=WorkUnitKind.VAE_TILE,
             body=partial(decode_body, vae),
             inputs={"latents": latents},
-            batch_key=self._key("vae_decode", tuple(latents.shape[1:])),
+            # the VAE's convolutions are not row-invariant: the exact instance decodes each image alone
+            batch_key=None if inst.exact else self._key("vae_decode", tuple(latents.shape[1:])),
             label="vae decode",
         )
 
