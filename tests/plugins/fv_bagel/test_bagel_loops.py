@@ -99,7 +99,7 @@ def test_schedule_and_guidance_follow_bagel():
     assert guide(v, vt, vi, 4.0, 2.0, "text_channel", 0.0).shape == v.shape
 
 
-def _mixed(bagel):
+def _mixed(bagel, tasks=("chat", "t2i", "think-t2i", "edit")):
     def items():
         params = [
             ("chat", {"prompt": "hi", "max_tokens": 4}),  # a context of 4 tokens, then 9: one length bucket
@@ -115,6 +115,7 @@ def _mixed(bagel):
                 bagel.prepare(p, task=task, request_id=f"r{i}", parts=[PICTURE] if task == "edit" else [])
             )
             for i, (task, p) in enumerate(params)
+            if task in tasks
         ]
 
     return items
@@ -134,7 +135,7 @@ def test_ragged_token_steps_batch_across_requests_bit_for_bit(bagel, monkeypatch
         return body(net, exact, causal, inputs)
 
     monkeypatch.setattr(bagel_loop, "text_body", spy)
-    report = check_batched_parity(Engine, _mixed(bagel), tol=0.0)
+    report = check_batched_parity(Engine, _mixed(bagel, ("chat", "t2i")), tol=0.0)
     assert (
         report.max_abs == 0.0 and max(rows) >= 2
     )  # token steps of requests of different lengths shared calls
