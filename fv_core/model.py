@@ -315,7 +315,10 @@ class LoadedModel:
             "params": request.params.model_dump(mode="json"),
             "parts": [p.kind for p in request.parts],  # kinds only: a replay cannot re-send them
             "weights": self.weights,
-            "weights_hash": dict(getattr(self.instance, "weights_versions", {})),
+            # the versions the request ran on (pinned at init: a weight sync may have landed since)
+            "weights_hash": dict(
+                result.metrics.get("weights_versions") or getattr(self.instance, "weights_versions", {})
+            ),
             "kernels": result.metrics.get("kernels", self.kernels),
             "interceptors": list(self.interceptor_names),
             # the options the deployment and the request set (the rest are each plugin's own defaults)

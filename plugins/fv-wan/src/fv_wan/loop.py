@@ -197,25 +197,25 @@ class WanLoop:
             ids = state.tensors["input_ids"]
             return WorkPlan(
                 kind=WorkUnitKind.ENCODER_CHUNK,
-                body=partial(encode_body, inst.component("text_encoder")),
+                body=partial(encode_body, inst.component("text_encoder", self._pin(state, "text_encoder"))),
                 inputs={"input_ids": ids, "mask": state.tensors["mask"]},
-                batch_key=BatchKey(f"{inst.instance_id}/text_encoder", "encode", (ids.shape[1],), precision),
+                batch_key=BatchKey(self._on(state, "text_encoder"), "encode", (ids.shape[1],), precision),
                 batch_size=ids.shape[0],
                 label="encode prompt",
             )
         if phase == "image_encode":
             unit = (WorkUnitKind.ENCODER_CHUNK, "image_encoder", conditioning.clip_body, "encode")
-            return self._unit(*unit, {"pixels": state.tensors["clip_pixels"]}, "encode image (CLIP)")
+            return self._unit(state, *unit, {"pixels": state.tensors["clip_pixels"]}, "encode image (CLIP)")
         if phase == "condition":
             unit = (WorkUnitKind.VAE_TILE, "vae", conditioning.encode_condition_body, "vae_encode")
-            return self._unit(*unit, {"video": state.tensors["condition_video"]}, "encode image (VAE)")
+            return self._unit(state, *unit, {"video": state.tensors["condition_video"]}, "encode image (VAE)")
         if phase == "text_kv":
             return self._text_kv_plan(state, inst, precision)
         if phase == "denoise":
             return self._denoise_plan(state, inst, precision)
         if phase == "decode":
             unit = (WorkUnitKind.VAE_TILE, "vae", decode_body, "vae_decode")
-            return self._unit(*unit, {"latents": state.tensors["latents"]}, "vae decode")
+            return self._unit(state, *unit, {"latents": state.tensors["latents"]}, "vae decode")
         return Done()
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
@@ -259,6 +259,7 @@ class WanLoop:
             "sampler": v.get("sampler"),
             "cfg": v["cfg_mode"] if v["cfg"] else "off",
             "kernels": self.instance.kernel_records(state.tensors.get("latents")),
+            "weights_versions": dict(v.get("weights_versions", {})),  # pinned at init: what it ran on
         }
         if len(self.instance.variant.experts) > 1:
             metrics["experts"] = v["experts_run"]  # the expert of each step
@@ -275,16 +276,23 @@ class WanLoop:
     # ---- helpers ----
 
     def _unit(
-        self, kind, component: str, body, op: str, inputs: dict[str, torch.Tensor], label: str
+        self,
+        state: LoopState,
+        kind,
+        component: str,
+        body,
+        op: str,
+        inputs: dict[str, torch.Tensor],
+        label: str,
     ) -> WorkPlan:
         """A one-row plan of ``body`` over ``component``, batchable with plans of the same input shape."""
         inst, (tensor,) = self.instance, inputs.values()
         return WorkPlan(
             kind=kind,
-            body=partial(body, inst.component(component)),
+            body=partial(body, inst.component(component, self._pin(state, component))),
             inputs=inputs,
             batch_key=BatchKey(
-                f"{inst.instance_id}/{component}",
+                self._on(state, component),
                 op,
                 tuple(tensor.shape[1:]),
                 str(inst.dtype).removeprefix("torch."),
@@ -353,9 +361,9 @@ class WanLoop:
             signature += tuple(inputs["image"].shape[1:])
         return WorkPlan(
             kind=WorkUnitKind.ENCODER_CHUNK,
-            body=partial(text_kv_body, inst.component(expert)),
+            body=partial(text_kv_body, inst.component(expert, self._pin(state, expert))),
             inputs=inputs,
-            batch_key=BatchKey(f"{inst.instance_id}/{expert}", "encode", signature, precision),
+            batch_key=BatchKey(self._on(state, expert), "encode", signature, precision),
             batch_size=text.shape[0],
             label=f"text keys/values ({expert})",
         )
@@ -411,10 +419,10 @@ class WanLoop:
         group = inst.parallel
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=self._denoise_body(expert),
+            body=self._denoise_body(expert, self._pin(state, expert)),
             inputs=inputs,
             batch_key=BatchKey(
-                f"{inst.instance_id}/{expert}",
+                self._on(state, expert),
                 "diffusion_denoise",
                 shape_sig,
                 precision,
@@ -426,12 +434,13 @@ class WanLoop:
             label=f"denoise {i + 1}/{v['steps']}" + (f" ({expert})" if suffix else ""),
         )
 
-    def _denoise_body(self, expert: str):
-        """The denoise step body of ``expert``: on the instance's parallel group when it has one."""
+    def _denoise_body(self, expert: str, version: str | None = None):
+        """The denoise step body of ``expert`` (at weights ``version``; None: the live one): on the
+        instance's parallel group when it has one."""
         group = self.instance.parallel
         if group is not None:
             return partial(parallel_denoise_body, group, expert)
-        return partial(denoise_body, self.instance.component(expert))
+        return partial(denoise_body, self.instance.component(expert, version))
 
     def replay_plan(self, record: Any, step: Any) -> WorkPlan:
         """A recorded step (``record.steps[i]``) as a plan on this instance's live weights: its body
@@ -494,16 +503,28 @@ class WanLoop:
         config = {**inst.scheduler_config, "flow_shift": state.values["flow_shift"]}
         return make_sampler(state.values["sampler"], config, fixed)
 
+    def _pin(self, state: LoopState, component: str) -> str:
+        """The weights version of ``component`` the request pinned at init (before that: the live one);
+        a weight sync while it runs leaves it on these weights."""
+        return state.values.get("weights_versions", {}).get(component) or self.instance.weights_versions.get(
+            component
+        )
+
+    def _on(self, state: LoopState, component: str) -> str:
+        """Batch-key instance of plans on ``component``'s pinned weights (other versions never share a call)."""
+        return f"{self.instance.instance_id}@{self._pin(state, component)}/{component}"
+
     def _keys(self, inst, state: LoopState) -> list[CacheKey]:
         ids, mask = state.tensors["input_ids"], state.tensors["mask"]
-        return [self._key(inst, ids[i], mask[i]) for i in range(ids.shape[0])]
+        version = self._pin(state, "text_encoder")
+        return [self._key(inst, ids[i], mask[i], version) for i in range(ids.shape[0])]
 
     @staticmethod
-    def _key(instance, ids: torch.Tensor, mask: torch.Tensor) -> CacheKey:
+    def _key(instance, ids: torch.Tensor, mask: torch.Tensor, version: str) -> CacheKey:
         return CacheKey.of(
             instance.card.model_id,
             "text_encoder",
-            instance.weights_versions["text_encoder"],
+            version,
             ids,
             mask,
             max_length=int(ids.shape[-1]),
@@ -511,12 +532,12 @@ class WanLoop:
         )
 
     def _kv_keys(self, inst, state: LoopState, expert: str) -> list[CacheKey]:
-        te = inst.weights_versions["text_encoder"]
+        te = self._pin(state, "text_encoder")
         return [
             CacheKey(
                 k.model,
                 expert,
-                inst.weights_versions[expert],
+                self._pin(state, expert),
                 k.content_hash,
                 tuple(sorted((*k.extra, ("text_encoder_version", te)))),
             )
