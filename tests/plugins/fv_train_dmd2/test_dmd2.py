@@ -1,0 +1,144 @@
+"""The dmd2 method: what trains and what stays frozen, resume, export, option errors, the C2 gate."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from dmd2_support import dmd2_config
+from fv_train_dmd2 import plugin
+from fv_train_dmd2.config import DMD2Options
+from fv_train_dmd2.method import DMD2Method
+
+import fv_core
+from fv_core import ConfigError, Profile, WorkUnitKind
+from fv_core.loop import Done, run_plan
+from fv_core.plugins import PluginHost
+from fv_core.training import Consistency, Role, train, train_adapter, validate
+
+
+def test_method_and_options_are_registered():
+    host = PluginHost({})
+    host.add(plugin, "fv-train-dmd2")
+    host.collect()
+    assert host.infos["fv-train-dmd2"].hooks == ["fv_register_methods", "fv_register_options"]
+    assert host.registries.methods.get("dmd2") is DMD2Method
+    assert host.registries.options.get("fv-train-dmd2") is DMD2Options
+    spec = DMD2Method.spec
+    assert spec.consistency is Consistency.C2_FREE
+    assert spec.role(Role.STUDENT).trains == ("transformer",) and spec.role(Role.CRITIC).trains == (
+        "transformer",
+    )
+    assert spec.role(Role.TEACHER).trains == ()
+
+
+def test_losses_are_finite_student_and_critic_train_teacher_stays(trained):
+    method, before, out = trained
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in log if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for record in steps:
+        assert all(math.isfinite(v) for v in record.values()), record
+    assert all("loss_dm" in r for r in steps)  # the generator updated at step 0 (and 2)
+    for role, changed in ((Role.STUDENT, True), (Role.CRITIC, True), (Role.TEACHER, False)):
+        now = list(method.roles[role]["transformer"].parameters())
+        moved = any(not torch.equal(a, b) for a, b in zip(before[role], now, strict=True))
+        assert moved is changed, role
+    assert not any(p.requires_grad for p in method.teacher.parameters())
+
+
+def test_export_is_a_loadable_student_with_its_recipe(trained):
+    method, _, out = trained
+    recipe = json.loads((out / "final" / "fv_recipe.json").read_text())
+    assert recipe["method"] == "dmd2" and recipe["parents"] == ["wan2.1-t2v-tiny"]
+    assert recipe["teacher"]["card"] == "wan2.1-t2v-tiny" and recipe["teacher"]["steps"] == 4
+    assert recipe["steps"] == 2 and recipe["timesteps"] == [1000, 750] and recipe["sampler"] == "dmd"
+    exported = fv_core.load("wan2.1-t2v-tiny", out / "final").instance.component("transformer")
+    for a, b in zip(exported.parameters(), method.student.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(trained, prompts, tmp_path):
+    method, _, out = trained
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    run = tmp_path / "run"
+    shutil.copytree(out, run, ignore=shutil.ignore_patterns("checkpoint-4", "final"))
+    resumed = DMD2Method(validate(dmd2_config(run, prompts, steps=4)))
+    assert train(resumed.cfg, resumed, progress=False)["resumed_from"] == 2
+    for role in (Role.STUDENT, Role.CRITIC):
+        a_params = method.roles[role]["transformer"].parameters()
+        b_params = resumed.roles[role]["transformer"].parameters()
+        for a, b in zip(a_params, b_params, strict=True):
+            assert torch.equal(a, b), role
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"timesteps": [750, 1000]}, r"timesteps.*strictly decreasing.*\[750, 1000\].*Fix"),
+        ({"timesteps": []}, r"timesteps.*at least 1"),
+        (
+            {"critic_steps_per_generator": 0},
+            r"critic_steps_per_generator.*greater than or equal to 1.*got 0.*Fix",
+        ),
+        ({"min_sigma": 0.9, "max_sigma": 0.5}, r"min_sigma=0.9 must be below max_sigma=0.5.*Fix"),
+        ({"real_guidance": 0.5}, r"real_guidance.*greater than or equal to 1.*Fix"),
+        ({"critic_lr": -1}, r"critic_lr.*greater than 0.*Fix"),
+        ({"bogus": 1}, r"bogus: Extra inputs are not permitted; got 1. Fix: it is an unknown field"),
+        ({"prompts": "/nonexistent/prompts.txt"}, r"options.prompts='/nonexistent/prompts.txt'.*Fix"),
+    ],
+)
+def test_bad_options_name_the_value_the_rule_and_the_fix(options, match, prompts, tmp_path):
+    config = dmd2_config(tmp_path, prompts, steps=1)
+    config["options"].update(options)
+    with pytest.raises(ConfigError, match=match):
+        DMD2Method(validate(config))
+
+
+def test_empty_prompts_file_is_refused(tmp_path):
+    empty = tmp_path / "p.txt"
+    empty.write_text("# only a comment\n\n")
+    with pytest.raises(ConfigError, match="holds no prompts.*Fix"):
+        DMD2Method(validate(dmd2_config(tmp_path, empty, steps=1)))
+
+
+def test_c2_student_train_forward_equals_the_served_cards_steps_bit_for_bit(prompts, tmp_path):
+    """C2 gate: the 2-step student card's own serve loop (fixed timesteps 1000, 750, re-noising between
+    them) gives each denoise step's input; on that input the method's train-profile forward (grad on)
+    gives the served velocity and x0 exactly (fp32)."""
+    card = "wan2.1-t2v-shapes-2step"
+    options = {
+        "teacher": card,
+        "timesteps": [1000, 750],
+    }  # the method's student starts from the served weights
+    method = DMD2Method(validate(dmd2_config(tmp_path, prompts, steps=1, **options)))
+    served_model = fv_core.load(card)
+    # The served weights themselves (a copy in other memory can round differently in CPU matmuls,
+    # whatever the profile), seen through the method: its sigmas, adapter calls and x0 formula.
+    method.adapter = train_adapter(served_model)
+    method.roles[Role.STUDENT]["transformer"] = served_model.instance.component("transformer")
+    method.student.requires_grad_(True)
+    prompt = "a blue square moving up"
+    loop, request, instance = served_model.job(served_model.prepare({"prompt": prompt, "seed": 3}))
+    state = loop.init(request, instance)
+    embeds = method.adapter.conditioning([prompt])
+    checked = 0
+    while not isinstance(plan := loop.next(state), Done):
+        result = run_plan(plan, Profile.SERVE)
+        if plan.kind is WorkUnitKind.DIFFUSION_STEP:
+            k, latents = checked, plan.inputs["latents"]
+            served = result.outputs["velocity"]
+            sigma = method.sigmas[k]
+            trained_v = method.adapter.velocity(method.student, latents, sigma.expand(1), embeds, train=True)
+            x0 = method.student_x0(latents, k, embeds, train=True)
+            assert trained_v.requires_grad and x0.requires_grad and not served.requires_grad
+            assert torch.equal(trained_v.detach(), served), k
+            assert torch.equal(x0.detach(), latents - state.tensors["sigmas"][k] * served), k
+            checked += 1
+        state = loop.advance(state, result)
+    assert checked == 2
