@@ -230,3 +230,43 @@ def test_sdpa_math_interleaves_bitwise_and_batches_within_tolerance(fresh):
 
     assert assert_interleave_parity(Engine, items).max_abs == 0.0
     check_batched_parity(Engine, items, tol=1e-4)
+
+
+def _drive(loop, request):
+    from fv_core import Done, StepResult
+
+    with torch.inference_mode():
+        state = loop.init(request)
+        while not isinstance(plan := loop.next(state), Done):
+            state = loop.advance(state, StepResult(plan.body(plan.inputs)))
+    return state
+
+
+@pytest.mark.parametrize("task", ["edit", "think-t2i"])
+def test_cfg_contexts_share_their_common_prefix(bagel, task):
+    """edit: cond = [image latents, ViT, instruction] extends text-unconditioned = [image latents, ViT];
+    think-t2i: cond = [system, prompt, thinking] extends image-unconditioned = [system, prompt], which
+    extends text-unconditioned = [system]. Shared chunks are one tensor, never copied."""
+    parts = [PICTURE] if task == "edit" else []
+    params = {
+        "prompt": "make it red",
+        "num_inference_steps": 2,
+        **({} if task == "edit" else {"max_tokens": 3}),
+    }
+    request = bagel.prepare(params, task=task, parts=parts)
+    if task == "edit":
+        state = _drive(bagel.loop("edit"), request)
+    else:
+        program = bagel.runnable(task)
+        results: dict = {}
+        for i, stage in enumerate(program.stages):
+            sub = program.stage_request(i, request, results)
+            state = _drive(stage.loop, sub)
+            results[stage.name] = stage.loop.finalize(state)
+    ctx = state.values["ctx"]
+    cond, text, img = ctx["cond"]["chunks"], ctx["text_uncond"]["chunks"], ctx["img_uncond"]["chunks"]
+    if task == "edit":
+        assert cond[:2] == text and len(cond) == 3 and len(img) == 1 and img[0] not in cond
+    else:
+        assert cond[:2] == img and img[:1] == text and len(cond) == 3
+    assert len({id(state.tensors[f"chunk{i}.k"]) for i in (*cond, *text, *img)}) == len({*cond, *text, *img})

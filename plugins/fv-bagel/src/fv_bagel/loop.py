@@ -376,12 +376,9 @@ class ChatLoop(_Base):
         if state.values["segments"]:
             segment = state.values["segments"].pop(0)
             self._set_ctx(state, self._fold_segment(ctx, segment, out))
-            if state.values["keep_contexts"]:  # a later stage reuses the context after each segment
+            if state.values["keep_contexts"]:  # a later stage reuses each segment's keys/values
                 i = state.values["kept"]
-                state.tensors[f"kept{i}.k"], state.tensors[f"kept{i}.v"] = (
-                    state.tensors["k"],
-                    state.tensors["v"],
-                )
+                state.tensors[f"kept{i}.k"], state.tensors[f"kept{i}.v"] = out["k"][0], out["v"][0]
                 state.values[f"kept{i}.rope"], state.values["kept"] = state.values["rope"], i + 1
             return state
         self._set_ctx(state, append(ctx, out["k"][0], out["v"][0], 1))
@@ -543,10 +540,9 @@ class ImageLoop(_Base):
         dim = net.latent_patch_size**2 * net.latent_channels
         noise = torch.randn(rows * cols, dim, generator=gen, dtype=torch.float32)
         state.tensors.update(latents=noise.to(inst.device), grid=grid_ids(rows, cols, net.max_latent_size))
-        empty = empty_context(inst)
-        for name in self.CONTEXTS:
-            state.tensors[f"{name}.k"], state.tensors[f"{name}.v"] = empty["k"], empty["v"]
-            state.values[f"{name}.rope"] = 0
+        # a context is a list of chunks (one per prefilled segment, in state.tensors) and its next RoPE
+        # position; contexts that share a prefix share its chunks (no copies)
+        contexts: dict[str, dict[str, Any]] = {name: {"chunks": [], "rope": 0} for name in self.CONTEXTS}
         # t2i: the text-unconditioned context is the empty one before the prompt; the image-unconditioned
         # context holds the prompt (no image), so it IS the conditional one: an alias, not a copy
         # pending prefills: (context written, context extended, segment), in order
@@ -573,11 +569,15 @@ class ImageLoop(_Base):
             # think-t2i: the AR stage's contexts after its system prompt and after the prompt are the
             # text- and image-unconditioned ones; the conditional one is the latter plus the thinking
             system, with_prompt = request.carry["contexts"][-2:]
-            for name, ctx in (("text_uncond", system), ("img_uncond", with_prompt), ("cond", with_prompt)):
-                state.tensors[f"{name}.k"], state.tensors[f"{name}.v"] = ctx["k"], ctx["v"]
-                state.values[f"{name}.rope"] = ctx["rope"]
+            for i, chunk in enumerate((system, with_prompt)):
+                state.tensors[f"chunk{i}.k"], state.tensors[f"chunk{i}.v"] = chunk["k"], chunk["v"]
+            contexts["text_uncond"] = {"chunks": [0], "rope": system["rope"]}
+            contexts["img_uncond"] = {"chunks": [0, 1], "rope": with_prompt["rope"]}
+            contexts["cond"] = dict(contexts["img_uncond"])
             pending, aliases = [("cond", "cond", {"kind": "text", "ids": text_ids(inst, thinking)})], {}
         state.values.update(
+            ctx=contexts,
+            chunks=2 if thinking is not None else 0,  # chunk ids in use
             pending=pending,
             aliases=aliases,
             thinking=thinking,
@@ -598,9 +598,14 @@ class ImageLoop(_Base):
         return state
 
     def _ctx(self, state: LoopState, name: str) -> dict[str, Any]:
-        name = state.values["aliases"].get(name, name)
+        """Context ``name`` as one tensor per keys and values (a step's transient copy of its chunks)."""
+        ctx = state.values["ctx"][state.values["aliases"].get(name, name)]
+        if not ctx["chunks"]:
+            return {**empty_context(self.instance), "rope": ctx["rope"]}
         t = state.tensors
-        return {"k": t[f"{name}.k"], "v": t[f"{name}.v"], "rope": state.values[f"{name}.rope"]}
+        k = torch.cat([t[f"chunk{i}.k"] for i in ctx["chunks"]], dim=2)
+        v = torch.cat([t[f"chunk{i}.v"] for i in ctx["chunks"]], dim=2)
+        return {"k": k, "v": v, "rope": ctx["rope"]}
 
     def _branches(self, state: LoopState, t: float) -> list[str]:
         g = state.values["guidance"]
@@ -674,12 +679,11 @@ class ImageLoop(_Base):
                 state.tensors["edit.latent"] = torch.einsum("chpwq->hwpqc", z).reshape(rows * cols, p * p * c)
                 return state
             v["pending"].pop(0)
-            ctx = self._fold_segment(self._ctx(state, source), segment, out)
-            state.tensors[f"{name}.k"], state.tensors[f"{name}.v"], v[f"{name}.rope"] = (
-                ctx["k"],
-                ctx["v"],
-                ctx["rope"],
-            )
+            chunk, src = v["chunks"], v["ctx"][source]
+            state.tensors[f"chunk{chunk}.k"], state.tensors[f"chunk{chunk}.v"] = out["k"][0], out["v"][0]
+            advance = len(segment["ids"]) if segment["kind"] == "text" else 1
+            v["ctx"][name] = {"chunks": [*src["chunks"], chunk], "rope": src["rope"] + advance}
+            v["chunks"] = chunk + 1
             if not v["pending"]:
                 v["phase"] = "denoise"
             return state
