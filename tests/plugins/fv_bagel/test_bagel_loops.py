@@ -270,3 +270,16 @@ def test_cfg_contexts_share_their_common_prefix(bagel, task):
     else:
         assert cond[:2] == img and img[:1] == text and len(cond) == 3
     assert len({id(state.tensors[f"chunk{i}.k"]) for i in (*cond, *text, *img)}) == len({*cond, *text, *img})
+
+
+def test_bad_input_names_the_value_the_rule_and_the_fix(bagel):
+    with pytest.raises(ConfigError, match="positions.*Fix: shorten the prompt or lower max_tokens"):
+        bagel.generate(task="chat", prompt="hello", max_tokens=5000)  # the tiny's 4096 positions
+    with pytest.raises(ConfigError, match="latent table.*Fix: use at most 128x128"):
+        bagel.generate(task="t2i", prompt="a cat", height=144, width=96)
+    with pytest.raises(ConfigError, match="not a readable image"):
+        bagel.generate(task="chat", prompt="what is this?", image=b"not an image")
+    with pytest.raises(ConfigError, match="cfg_interval"):
+        bagel.prepare({"prompt": "a cat", "cfg_interval": (0.8, 0.2)}, task="t2i")
+    with pytest.raises(ConfigError, match="stop"):
+        bagel.prepare({"prompt": "a cat", "stop": "END"}, task="chat")  # a list of strings, not one
