@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 from dmd2_support import PROMPTS, dmd2_config
-from fv_train_dmd2.method import DMD2Method
 
 from fv_core.training import Role, train, validate
+from fv_train_dmd2.method import DMD2Method
 
 
 @pytest.fixture(scope="session")

@@ -9,15 +9,15 @@ import shutil
 import pytest
 import torch
 from dmd2_support import dmd2_config
-from fv_train_dmd2 import plugin
-from fv_train_dmd2.config import DMD2Options
-from fv_train_dmd2.method import DMD2Method
 
 import fv_core
 from fv_core import ConfigError, Profile, WorkUnitKind
 from fv_core.loop import Done, run_plan
 from fv_core.plugins import PluginHost
 from fv_core.training import Consistency, Role, train, train_adapter, validate
+from fv_train_dmd2 import plugin
+from fv_train_dmd2.config import DMD2Options
+from fv_train_dmd2.method import DMD2Method
 
 
 def test_method_and_options_are_registered():
