@@ -171,3 +171,29 @@ def test_the_loader_refuses_pickles_and_names_missing_files(tmp_path, bagel_path
         "ema.safetensors", "ae.safetensors", "llm_config.json", "vit_config.json", "tokenizer.json",
         "tokenizer_config.json", "vocab.json", "merges.txt",
     }  # fmt: skip
+
+
+def test_the_7b_card_loads_the_published_layout_in_bfloat16(tmp_path, bagel_host, bagel_path):
+    """The same files with the keys BAGEL's llm_config.json carries (its own and its training run's):
+    the bagel-7b-mot card (bfloat16, SDPA math) loads and runs them."""
+    import json
+    import shutil
+
+    import fv_core
+
+    folder = tmp_path / "published"
+    shutil.copytree(bagel_path, folder)
+    config = json.loads((folder / "llm_config.json").read_text())
+    config.update(qk_norm=True, layer_module="Qwen2MoTDecoderLayer", freeze_und=False, is_causal=True,
+                  _attn_implementation="flash_attention_2", torch_dtype="bfloat16")  # fmt: skip
+    (folder / "llm_config.json").write_text(json.dumps(config))
+    model = fv_core.load("bagel-7b-mot", folder, host=bagel_host)
+    answer = model.generate(task="chat", prompt="hello", max_tokens=3)
+    assert model.instance.net.vae2llm.weight.dtype == torch.bfloat16 and not model.instance.exact
+    assert answer.provenance["deploy"]["precision"] == "bfloat16"
+    image = model.generate(task="t2i", prompt="a cat", height=32, width=32, num_inference_steps=2)
+    assert image.image.shape == (32, 32, 3)
+    config["layer_module"] = "Qwen2DecoderLayer"
+    (folder / "llm_config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match="MoT"):
+        fv_core.load("bagel-7b-mot", folder, host=bagel_host)

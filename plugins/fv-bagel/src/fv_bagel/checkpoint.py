@@ -25,6 +25,11 @@ LAYOUT = """\
   ema.safetensors   llm_config.json   vit_config.json   ae.safetensors
   tokenizer.json (or vocab.json + merges.txt) and tokenizer_config.json"""
 REQUIRED = ("ema.safetensors", "llm_config.json", "vit_config.json", "tokenizer_config.json")
+# llm_config.json keys that are BAGEL's own or the training run's, not Qwen2Config's
+BAGEL_LLM_KEYS = {
+    "architectures", "transformers_version", "qk_norm", "layer_module", "freeze_und", "_attn_implementation",
+    "attn_implementation", "is_causal", "torch_dtype", "dtype",
+}  # fmt: skip
 SPECIAL_TOKENS = {  # BAGEL's new_token_ids: name -> token (Qwen2.5's own special tokens)
     "bos_token_id": "<|im_start|>",
     "eos_token_id": "<|im_end|>",
@@ -68,10 +73,14 @@ def llm_config(folder: Path) -> Any:
     from transformers import Qwen2Config
 
     data = read_json(folder / "llm_config.json")
+    if (
+        data.get("qk_norm") is False
+        or data.get("layer_module", "Qwen2MoTDecoderLayer") != "Qwen2MoTDecoderLayer"
+    ):
+        _fail(folder, f"llm_config.json describes qk_norm={data.get('qk_norm')!r}, layer_module="
+              f"{data.get('layer_module')!r}; fv runs BAGEL's MoT (qk_norm on, Qwen2MoTDecoderLayer)")  # fmt: skip
     data.update(tie_word_embeddings=False)
-    return Qwen2Config(
-        **{k: v for k, v in data.items() if k not in ("architectures", "transformers_version")}
-    )
+    return Qwen2Config(**{k: v for k, v in data.items() if k not in BAGEL_LLM_KEYS})
 
 
 def vit_config(folder: Path) -> Any:

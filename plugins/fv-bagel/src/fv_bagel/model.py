@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from fv_bagel.checkpoint import check_layout, load_net, load_tokenizer
+from fv_bagel.checkpoint import check_layout, llm_config, load_net, load_tokenizer, vit_config
 from fv_core import ConfigError, ModelCard
 from fv_core.weights import file_fingerprint
 
@@ -36,6 +36,10 @@ class BagelModel:
     ) -> None:
         self.card = card
         self.weights = check_layout(weights)
+        (
+            llm_config(self.weights),
+            vit_config(self.weights),
+        )  # configs are checked at load, weights on first use
         self.device = torch.device(device)
         self.dtype = getattr(torch, card.precision.default)
         self.exact = exact
