@@ -1,0 +1,5 @@
+"""Paged key/value storage for loops that cache attention keys and values (AR decode, prefix reuse)."""
+
+from fv_core.kv.pool import KVPoolFull, KVSeq, PagedKVPool
+
+__all__ = ["KVPoolFull", "KVSeq", "PagedKVPool"]

@@ -1,0 +1,178 @@
+"""A paged key/value pool: fixed-size pages of every layer's keys and values, allocated to token
+sequences under one byte budget (vLLM's paged attention storage, without its kernels).
+
+A sequence is a :class:`KVSeq`: the ids of its pages and its length, plain data that lives in the
+request's ``LoopState``. The pool owns the storage and one reference count per page:
+
+- ``append`` writes new tokens after a sequence's last one, taking pages from the free list; a
+  partly filled last page that another sequence shares is copied first (copy-on-write), so a write
+  never changes what another sequence reads;
+- ``fork`` makes a second sequence over the same pages (a shared prefix: CFG contexts, a system
+  prompt) without copying them;
+- ``release`` drops a sequence's references; pages nobody references return to the free list;
+- ``gather`` copies sequences into step inputs padded to one length, with a mask of real tokens, so a
+  step body stays a pure function of its inputs.
+
+The pool's storage is allocated once (``nbytes``), so an instance that holds one reports it in its
+resident bytes and admission counts it. Running out of pages raises :class:`KVPoolFull`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from fv_core.errors import FvError
+
+
+class KVPoolFull(FvError, MemoryError):
+    """No free page is left for a sequence's new tokens."""
+
+
+@dataclass(slots=True)
+class KVSeq:
+    """One token sequence in a pool: its pages in order and how many tokens it holds."""
+
+    pages: list[int] = field(default_factory=list)  # page ids, in token order
+    length: int = 0  # tokens written
+
+
+class PagedKVPool:
+    """Pages of ``[layers, kv_heads, page_size, head_dim]`` keys and values.
+
+    :param num_pages: pages in the pool; or ``max_bytes``: as many as fit (keys and values together).
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        page_size: int = 16,
+        num_pages: int | None = None,
+        max_bytes: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.page_size = page_size
+        self.page_bytes = (
+            2 * layers * kv_heads * page_size * head_dim * torch.empty((), dtype=dtype).element_size()
+        )
+        if num_pages is None:
+            if max_bytes is None:
+                raise ValueError("PagedKVPool needs num_pages or max_bytes")
+            num_pages = max_bytes // self.page_bytes
+        if num_pages < 1:
+            raise ValueError(
+                f"a KV pool of {max_bytes} bytes holds no page of {self.page_bytes} bytes. Fix: give it more bytes"
+            )
+        shape = (num_pages, layers, kv_heads, page_size, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.refs = [0] * num_pages
+        self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out the lowest id first
+        self._lock = threading.Lock()
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.refs)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the pool's storage (allocated up front)."""
+        return self.num_pages * self.page_bytes
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def pages_for(self, tokens: int) -> int:
+        """Pages a sequence of ``tokens`` tokens holds."""
+        return -(-tokens // self.page_size)
+
+    def _take(self) -> int:
+        if not self._free:
+            raise KVPoolFull(
+                f"the KV pool's {self.num_pages} pages of {self.page_size} tokens ({self.nbytes} bytes) are all in "
+                "use. Fix: run fewer or shorter requests at once, or give the pool more bytes."
+            )
+        page = self._free.pop()
+        self.refs[page] = 1
+        return page
+
+    def _drop(self, page: int) -> None:
+        self.refs[page] -= 1
+        if self.refs[page] == 0:
+            self._free.append(page)
+
+    def append(self, seq: KVSeq, k: torch.Tensor, v: torch.Tensor) -> KVSeq:
+        """``seq`` with tokens ``k``, ``v`` (``[layers, kv_heads, T, head_dim]``) written after its last one."""
+        with self._lock:
+            pages, length, total = list(seq.pages), seq.length, k.shape[2]
+            taken: list[int] = []
+            try:
+                if length % self.page_size and self.refs[pages[-1]] > 1:  # shared, partly filled: copy it
+                    page = self._take()
+                    taken.append(page)
+                    self.k[page].copy_(self.k[pages[-1]])
+                    self.v[page].copy_(self.v[pages[-1]])
+                    self._drop(pages[-1])
+                    pages[-1] = page
+                while len(pages) < self.pages_for(length + total):
+                    pages.append(self._take())
+                    taken.append(pages[-1])
+            except KVPoolFull:
+                for page in taken:
+                    self._drop(page)
+                raise
+            written = 0
+            while written < total:
+                page, offset = (
+                    pages[(length + written) // self.page_size],
+                    (length + written) % self.page_size,
+                )
+                n = min(self.page_size - offset, total - written)
+                self.k[page, :, :, offset : offset + n] = k[:, :, written : written + n]
+                self.v[page, :, :, offset : offset + n] = v[:, :, written : written + n]
+                written += n
+            return KVSeq(pages, length + total)
+
+    def fork(self, seq: KVSeq) -> KVSeq:
+        """A second sequence over ``seq``'s pages (no copy until one of them writes to a shared page)."""
+        with self._lock:
+            for page in seq.pages:
+                self.refs[page] += 1
+            return KVSeq(list(seq.pages), seq.length)
+
+    def release(self, seq: KVSeq) -> None:
+        """Drop ``seq``'s references (its pages return to the pool when no other sequence holds them)."""
+        with self._lock:
+            for page in seq.pages:
+                self._drop(page)
+
+    def read(self, seq: KVSeq) -> tuple[torch.Tensor, torch.Tensor]:
+        """``seq``'s keys and values, ``[layers, kv_heads, length, head_dim]`` each (a copy)."""
+        k = self.k[seq.pages].permute(1, 2, 0, 3, 4).flatten(2, 3)[:, :, : seq.length]
+        v = self.v[seq.pages].permute(1, 2, 0, 3, 4).flatten(2, 3)[:, :, : seq.length]
+        return k, v
+
+    def gather(self, seqs: list[KVSeq], size: int) -> dict[str, torch.Tensor]:
+        """Rows of step inputs: ``ctx_k`` / ``ctx_v`` ``[rows, layers, kv_heads, size, head_dim]`` (zero past each
+        sequence's length) and ``ctx_valid`` ``[rows, size]`` (True on real tokens)."""
+        if any(s.length > size for s in seqs):
+            raise ValueError(f"gather to {size} tokens, but a sequence holds {max(s.length for s in seqs)}")
+        _, layers, kvh, _, d = self.k.shape
+        out_k = self.k.new_zeros(len(seqs), layers, kvh, size, d)
+        out_v = self.v.new_zeros(len(seqs), layers, kvh, size, d)
+        for row, seq in enumerate(seqs):
+            if seq.length:
+                k, v = self.read(seq)
+                out_k[row, :, :, : seq.length], out_v[row, :, :, : seq.length] = k, v
+        valid = (
+            torch.arange(size, device=self.k.device)[None]
+            < torch.tensor([s.length for s in seqs], device=self.k.device)[:, None]
+        )
+        return {"ctx_k": out_k, "ctx_v": out_v, "ctx_valid": valid}
