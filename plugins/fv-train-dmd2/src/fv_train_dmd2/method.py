@@ -65,8 +65,10 @@ class DMD2Method:
             RoleSpec(Role.CRITIC, trains=TRANSFORMER, holds=TRANSFORMER),
         ),
         consistency=Consistency.C2_FREE,
-        # what a recorded rollout of the student's card gives each step (the student's inputs)
-        record_fields=("inputs", "timestep", "noise_seed", "prediction", "conditioning", "weights_version"),
+        # Training simulates its own rollouts (data-free); these are the BehaviorRecord fields of the
+        # student card's serve rollout its C2 gate compares: the fixed schedule, each step's inputs
+        # (latents, timestep, text K/V) and prediction (velocity), on the recorded weights.
+        record_fields=("schedule", "steps.inputs", "steps.outputs", "weights_versions"),
     )
 
     def __init__(self, cfg: TrainConfig) -> None:
