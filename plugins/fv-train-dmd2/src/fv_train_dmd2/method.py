@@ -256,13 +256,15 @@ class DMD2Method:
         """``folder`` is itself the exported student (loadable), plus ``critic/transformer`` and both
         optimisers' state."""
         self.export(folder)
-        self.critic.save_pretrained(folder / "critic" / "transformer", safe_serialization=True)
+        critic: Any = self.critic  # a diffusers model: save_pretrained / from_pretrained
+        critic.save_pretrained(folder / "critic" / "transformer", safe_serialization=True)
         save_optimizer(self.opt_g, folder / "generator_optimizer.safetensors")
         save_optimizer(self.opt_c, folder / "critic_optimizer.safetensors")
 
     def load(self, folder: Path) -> None:
         for module, root in ((self.student, folder), (self.critic, folder / "critic")):
-            saved = type(module).from_pretrained(root / "transformer", use_safetensors=True)
+            cls: Any = type(module)  # a diffusers model class
+            saved = cls.from_pretrained(root / "transformer", use_safetensors=True)
             module.load_state_dict(saved.state_dict())
         load_optimizer(self.opt_g, folder / "generator_optimizer.safetensors")
         load_optimizer(self.opt_c, folder / "critic_optimizer.safetensors")
