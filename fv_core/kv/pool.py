@@ -70,8 +70,9 @@ class PagedKVPool:
                 f"a KV pool of {max_bytes} bytes holds no page of {self.page_bytes} bytes. Fix: give it more bytes"
             )
         shape = (num_pages, layers, kv_heads, page_size, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        with torch.inference_mode(False), torch.no_grad():  # writable in and out of inference mode
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.refs = [0] * num_pages
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out the lowest id first
         self._lock = threading.Lock()

@@ -147,8 +147,12 @@ class LoopRunner:
         return result
 
     def abandon(self, active: ActiveLoop) -> None:
-        """Stop a loop without finalizing it (cancel, error): its state is released."""
+        """Stop a loop without finalizing it (cancel, error): its state is released, and a loop that holds
+        resources outside its state (pages of a KV pool) frees them in its ``release(state)``."""
         active.state.done = True
+        release = getattr(active.loop, "release", None)
+        if release is not None:
+            release(active.state)
         if active.ctx.recorder is not None:
             active.ctx.recorder.discard(active.state)
 

@@ -63,3 +63,11 @@ def test_gather_pads_rows_and_marks_real_tokens():
     assert out["ctx_k"].shape == (2, 2, 3, 8, 4)
     assert out["ctx_valid"].tolist() == [[True] * 5 + [False] * 3, [False] * 8]
     assert torch.equal(out["ctx_k"][0, :, :, :5], pool.read(a)[0]) and not out["ctx_k"][0, :, :, 5:].any()
+
+
+def test_a_pool_made_in_inference_mode_is_written_outside_it():
+    with torch.inference_mode():
+        pool = PagedKVPool(2, 3, 4, page_size=4, num_pages=2)
+        seq = pool.append(KVSeq(), *tokens(2, 0))
+    seq = pool.append(seq, *tokens(2, 1))
+    assert seq.length == 4

@@ -283,3 +283,31 @@ def test_bad_input_names_the_value_the_rule_and_the_fix(bagel):
         bagel.prepare({"prompt": "a cat", "cfg_interval": (0.8, 0.2)}, task="t2i")
     with pytest.raises(ConfigError, match="stop"):
         bagel.prepare({"prompt": "a cat", "stop": "END"}, task="chat")  # a list of strings, not one
+
+
+def test_ar_contexts_live_in_the_kv_pool_and_return_on_finish_and_cancel(fresh):
+    """Chat contexts are pages of the instance's paged KV pool (its bytes count in the instance's
+    resident bytes); a finished or cancelled request gives its pages back."""
+    model = fresh
+    pool = model.instance.kv_pool
+    assert (
+        model.instance.resident_bytes()
+        >= pool.nbytes
+        == model.card.caches["kv"].max_bytes // pool.page_bytes * pool.page_bytes
+    )
+    model.generate(task="chat", prompt="describe the image", max_tokens=20)
+    assert pool.used_pages == 0
+    sched = Engine().scheduler(batching=True)
+    for i in range(2):
+        sched.submit(
+            *model.job(
+                model.prepare({"prompt": "hello there", "max_tokens": 30}, task="chat", request_id=f"c{i}")
+            )
+        )
+    for _ in range(8):
+        sched.step()
+    assert pool.used_pages > 0
+    sched.cancel("c0")
+    while sched.has_work():
+        sched.step()
+    assert pool.used_pages == 0

@@ -5,6 +5,7 @@ network: the two loops bind the same ``net`` component."""
 from __future__ import annotations
 
 from fv_core import (
+    CacheContract,
     CapabilityMatrix,
     ComponentSpec,
     LoopKind,
@@ -75,6 +76,7 @@ def bagel_card(
     instance_factory: str = "fv_bagel.model:BagelModel",
     default_weights: str | None = None,
     max_resolution: tuple[int, int] | None = (1024, 1024),
+    kv_bytes: int = 8 << 30,
 ) -> ModelCard:
     loops = {
         "chat": LoopSpec(
@@ -153,6 +155,16 @@ def bagel_card(
         ),
         parity=ParitySpec(level="C0", reference="transformers:Qwen3DecoderLayer"),
         capabilities=CapabilityMatrix(max_resolution=max_resolution),
+        caches={
+            # the AR contexts' keys/values: a paged pool of this many bytes (admission counts it whole)
+            "kv": CacheContract(
+                kind="kv",
+                component="net",
+                key_fields=["model", "component", "weights_version", "precision"],
+                capacity=1 << 20,
+                max_bytes=kv_bytes,
+            )
+        },
         precision=precision,
         default_weights=default_weights,
         instance_factory=instance_factory,
@@ -185,4 +197,5 @@ def bagel_tiny() -> ModelCard:
         instance_factory="fv_bagel.model:exact_model",
         default_weights="fv_bagel.tiny:tiny_weights",
         max_resolution=(128, 128),
+        kv_bytes=16 << 20,
     )

@@ -41,6 +41,7 @@ from fv_core import (
     WorkPlan,
     WorkUnitKind,
 )
+from fv_core.kv import KVSeq
 
 BUCKET = 16  # smallest padded context length of a step's inputs (then powers of two: ragged rows batch)
 
@@ -220,6 +221,10 @@ def _check_positions(inst: BagelModel, needed: int, what: str) -> None:
 
 
 def _plan_inputs(contexts: list[dict[str, Any]], **tensors: torch.Tensor) -> dict[str, Any]:
+    """Step inputs over contexts held as tensors (``k``, ``v``) or as a sequence in a KV pool (``seq``)."""
+    if "seq" in contexts[0]:
+        seqs = [KVSeq(**c["seq"]) for c in contexts]
+        return {**tensors, **contexts[0]["pool"].gather(seqs, bucket(max(s.length for s in seqs)))}
     size = bucket(max(c["k"].shape[2] for c in contexts))
     return {**tensors, **padded(contexts, size)}
 
@@ -341,16 +346,24 @@ class ChatLoop(_Base):
             streamed=0,
             kept=0,
         )
-        self._set_ctx(state, empty_context(inst))
+        state.values.update(seq={"pages": [], "length": 0}, rope=0)  # the context: pages of the KV pool
         return state
 
-    @staticmethod
-    def _ctx(state: LoopState) -> dict[str, Any]:
-        return {"k": state.tensors["k"], "v": state.tensors["v"], "rope": state.values["rope"]}
+    def _ctx(self, state: LoopState) -> dict[str, Any]:
+        return {"seq": state.values["seq"], "pool": self.instance.kv_pool, "rope": state.values["rope"]}
 
-    @staticmethod
-    def _set_ctx(state: LoopState, ctx: dict[str, Any]) -> None:
-        state.tensors["k"], state.tensors["v"], state.values["rope"] = ctx["k"], ctx["v"], ctx["rope"]
+    def _append(self, state: LoopState, out: dict[str, Any], rope_advance: int) -> None:
+        """Write a block's keys/values after the context (into this request's own pages)."""
+        seq = self.instance.kv_pool.append(KVSeq(**state.values["seq"]), out["k"][0], out["v"][0])
+        state.values["seq"] = {"pages": seq.pages, "length": seq.length}
+        state.values["rope"] += rope_advance
+
+    def release(self, state: LoopState) -> None:
+        """Return the context's pages to the pool (on finish, and when the request is cancelled or fails)."""
+        seq = state.values.get("seq")
+        if seq:
+            self.instance.kv_pool.release(KVSeq(**seq))
+            state.values["seq"] = None
 
     def next(self, state: LoopState) -> WorkPlan | Done:
         if state.values["segments"]:
@@ -372,16 +385,16 @@ class ChatLoop(_Base):
         )
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
-        out, ctx = result.outputs, self._ctx(state)
+        out = result.outputs
         if state.values["segments"]:
             segment = state.values["segments"].pop(0)
-            self._set_ctx(state, self._fold_segment(ctx, segment, out))
+            self._append(state, out, len(segment["ids"]) if segment["kind"] == "text" else 1)
             if state.values["keep_contexts"]:  # a later stage reuses each segment's keys/values
                 i = state.values["kept"]
                 state.tensors[f"kept{i}.k"], state.tensors[f"kept{i}.v"] = out["k"][0], out["v"][0]
                 state.values[f"kept{i}.rope"], state.values["kept"] = state.values["rope"], i + 1
             return state
-        self._set_ctx(state, append(ctx, out["k"][0], out["v"][0], 1))
+        self._append(state, out, 1)
         state.step += 1
         token = sample(out["logits"][0].float(), state.generator, **state.values["sampling"])
         self._take(state, token)
@@ -426,6 +439,8 @@ class ChatLoop(_Base):
 
     def finalize(self, state: LoopState) -> LoopResult:
         v = state.values
+        context = v["seq"]["length"]
+        self.release(state)
         outputs: dict[str, Any] = {
             "text": v["text"],
             "tokens": torch.tensor(v["generated"], dtype=torch.long),
@@ -442,7 +457,7 @@ class ChatLoop(_Base):
                 "steps": state.step,
                 "stop_reason": v["stop_reason"],
                 "completion_tokens": len(v["generated"]),
-                "prompt_tokens": int(state.tensors["k"].shape[2]) - state.step,
+                "prompt_tokens": context - state.step,
                 "weights_versions": v["weights_versions"],
             },
         )

@@ -14,9 +14,12 @@ import torch
 
 from fv_bagel.checkpoint import check_layout, llm_config, load_net, load_tokenizer, vit_config
 from fv_core import ConfigError, ModelCard
+from fv_core.kv import PagedKVPool
 from fv_core.weights import file_fingerprint
 
 _IDS = itertools.count()
+KV_PAGE = 16  # tokens per KV page
+DEFAULT_KV_BYTES = 64 << 20
 COMPONENTS = ("net", "tokenizer", "vae")
 
 
@@ -49,6 +52,7 @@ class BagelModel:
         if (self.weights / "ae.safetensors").is_file():
             self.weights_versions["vae"] = file_fingerprint(self.weights / "ae.safetensors")
         self._components: dict[str, Any] = {}
+        self._kv_pool: PagedKVPool | None = None
         self._lock = threading.Lock()
 
     def component(self, name: str) -> Any:
@@ -56,9 +60,7 @@ class BagelModel:
         if name not in COMPONENTS:
             raise ConfigError(f"BAGEL has no component {name!r}. Fix: use one of {list(COMPONENTS)}")
         with self._lock:
-            if name not in self._components:
-                self._components[name] = self._load(name)
-            return self._components[name]
+            return self.component_unlocked(name)
 
     def _load(self, name: str) -> Any:
         if name == "net":
@@ -83,6 +85,23 @@ class BagelModel:
         """BAGEL's special token ids: ``bos_token_id``, ``eos_token_id``, ``start_of_image``, ``end_of_image``."""
         return self.component("tokenizer")[1]
 
+    @property
+    def kv_pool(self) -> PagedKVPool:
+        """The paged pool of AR contexts' keys/values (the card's ``kv`` cache budget), made on first use."""
+        with self._lock:
+            if self._kv_pool is None:
+                layers, kvh, d = self.component_unlocked("net").language_model.kv_shape
+                budget = self.card.caches["kv"].max_bytes or DEFAULT_KV_BYTES
+                self._kv_pool = PagedKVPool(
+                    layers, kvh, d, page_size=KV_PAGE, max_bytes=budget, dtype=self.dtype, device=self.device
+                )
+            return self._kv_pool
+
+    def component_unlocked(self, name: str) -> Any:
+        if name not in self._components:
+            self._components[name] = self._load(name)
+        return self._components[name]
+
     def loaded(self) -> list[str]:
         """Components resident now."""
         return sorted(self._components)
@@ -92,9 +111,11 @@ class BagelModel:
         return str(self.dtype).removeprefix("torch.")
 
     def resident_bytes(self) -> int:
-        """Bytes of the resident components' parameters and buffers (what admission reserves)."""
+        """Bytes admission reserves: the resident components' parameters and buffers, plus the KV pool at
+        its budget (allocated whole on first use)."""
         modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
-        return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+        weights = sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+        return weights + (self.card.caches["kv"].max_bytes or DEFAULT_KV_BYTES)
 
 
 def _check_kernels(card: ModelCard, kernels: dict[str, Any] | None) -> dict[str, Any]:
