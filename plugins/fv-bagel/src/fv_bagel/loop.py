@@ -126,12 +126,6 @@ def decode_body(vae: Any, inputs: dict[str, Any]) -> dict[str, Any]:
 # ---- context helpers ----
 
 
-def empty_context(inst: BagelModel) -> dict[str, Any]:
-    layers, kvh, d = inst.net.language_model.kv_shape
-    empty = torch.zeros(layers, kvh, 0, d, dtype=inst.dtype, device=inst.device)
-    return {"k": empty, "v": empty, "rope": 0}
-
-
 def bucket(length: int) -> int:
     """The padded context length of a step: the next power of two from ``BUCKET`` (few distinct shapes,
     so requests whose lengths differ within a bucket share a batch key)."""
@@ -151,14 +145,6 @@ def padded(contexts: list[dict[str, Any]], size: int) -> dict[str, torch.Tensor]
         vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
         valid.append(torch.arange(size, device=k.device) < k.shape[2])
     return {"ctx_k": torch.stack(ks), "ctx_v": torch.stack(vs), "ctx_valid": torch.stack(valid)}
-
-
-def append(ctx: dict[str, Any], k: torch.Tensor, v: torch.Tensor, rope_advance: int) -> dict[str, Any]:
-    return {
-        "k": torch.cat([ctx["k"], k], dim=2),
-        "v": torch.cat([ctx["v"], v], dim=2),
-        "rope": ctx["rope"] + rope_advance,
-    }
 
 
 def text_ids(inst: BagelModel, text: str) -> list[int]:
@@ -218,6 +204,11 @@ def _check_positions(inst: BagelModel, needed: int, what: str) -> None:
             f"{what} needs {needed} positions; this model has {limit}. Fix: shorten the prompt or lower max_tokens.",
             param="prompt",
         )
+
+
+def _plain(seq: KVSeq) -> dict[str, Any]:
+    """A pool sequence as LoopState values hold it (plain data)."""
+    return {"pages": list(seq.pages), "length": seq.length}
 
 
 def _plan_inputs(contexts: list[dict[str, Any]], **tensors: torch.Tensor) -> dict[str, Any]:
@@ -296,11 +287,6 @@ class _Base:
             label=f"image {n} latent tokens",
         )
 
-    @staticmethod
-    def _fold_segment(ctx: dict[str, Any], segment: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
-        advance = len(segment["ids"]) if segment["kind"] == "text" else 1
-        return append(ctx, out["k"][0], out["v"][0], advance)
-
     def _add_images(self, state: LoopState, request: Any) -> list[dict[str, Any]]:
         segments = []
         for i, part in enumerate(p for p in request.parts if p.kind == "image"):
@@ -344,7 +330,7 @@ class ChatLoop(_Base):
             weights_versions=dict(inst.weights_versions),
             keep_contexts=bool(request.carry.get("keep_contexts")),
             streamed=0,
-            kept=0,
+            kept=[],  # forks of the context after each segment, handed to a later stage (keep_contexts)
         )
         state.values.update(seq={"pages": [], "length": 0}, rope=0)  # the context: pages of the KV pool
         return state
@@ -360,10 +346,13 @@ class ChatLoop(_Base):
 
     def release(self, state: LoopState) -> None:
         """Return the context's pages to the pool (on finish, and when the request is cancelled or fails)."""
-        seq = state.values.get("seq")
+        pool, seq = self.instance.kv_pool, state.values.get("seq")
         if seq:
-            self.instance.kv_pool.release(KVSeq(**seq))
+            pool.release(KVSeq(**seq))
             state.values["seq"] = None
+        for kept in state.values.get("kept", []):
+            pool.release(KVSeq(**kept["seq"]))
+        state.values["kept"] = []
 
     def next(self, state: LoopState) -> WorkPlan | Done:
         if state.values["segments"]:
@@ -389,10 +378,9 @@ class ChatLoop(_Base):
         if state.values["segments"]:
             segment = state.values["segments"].pop(0)
             self._append(state, out, len(segment["ids"]) if segment["kind"] == "text" else 1)
-            if state.values["keep_contexts"]:  # a later stage reuses each segment's keys/values
-                i = state.values["kept"]
-                state.tensors[f"kept{i}.k"], state.tensors[f"kept{i}.v"] = out["k"][0], out["v"][0]
-                state.values[f"kept{i}.rope"], state.values["kept"] = state.values["rope"], i + 1
+            if state.values["keep_contexts"]:  # a later stage reuses the context after each segment
+                fork = self.instance.kv_pool.fork(KVSeq(**state.values["seq"]))
+                state.values["kept"].append({"seq": _plain(fork), "rope": state.values["rope"]})
             return state
         self._append(state, out, 1)
         state.step += 1
@@ -440,17 +428,13 @@ class ChatLoop(_Base):
     def finalize(self, state: LoopState) -> LoopResult:
         v = state.values
         context = v["seq"]["length"]
-        self.release(state)
         outputs: dict[str, Any] = {
             "text": v["text"],
             "tokens": torch.tensor(v["generated"], dtype=torch.long),
         }
-        if v["keep_contexts"]:
-            t = state.tensors
-            outputs["contexts"] = [
-                {"k": t[f"kept{i}.k"], "v": t[f"kept{i}.v"], "rope": v[f"kept{i}.rope"]}
-                for i in range(v["kept"])
-            ]
+        if v["keep_contexts"]:  # the next stage owns these pages now
+            outputs["contexts"], v["kept"] = v["kept"], []
+        self.release(state)
         return LoopResult(
             outputs=outputs,
             metrics={
@@ -555,9 +539,11 @@ class ImageLoop(_Base):
         dim = net.latent_patch_size**2 * net.latent_channels
         noise = torch.randn(rows * cols, dim, generator=gen, dtype=torch.float32)
         state.tensors.update(latents=noise.to(inst.device), grid=grid_ids(rows, cols, net.max_latent_size))
-        # a context is a list of chunks (one per prefilled segment, in state.tensors) and its next RoPE
-        # position; contexts that share a prefix share its chunks (no copies)
-        contexts: dict[str, dict[str, Any]] = {name: {"chunks": [], "rope": 0} for name in self.CONTEXTS}
+        # a context is a sequence of the instance's KV pool and its next RoPE position; contexts that
+        # share a prefix share its pages (forks, copy-on-write), never copies
+        contexts: dict[str, dict[str, Any]] = {
+            name: {"seq": _plain(KVSeq()), "rope": 0} for name in self.CONTEXTS
+        }
         # t2i: the text-unconditioned context is the empty one before the prompt; the image-unconditioned
         # context holds the prompt (no image), so it IS the conditional one: an alias, not a copy
         # pending prefills: (context written, context extended, segment), in order
@@ -583,16 +569,13 @@ class ImageLoop(_Base):
         if thinking is not None:
             # think-t2i: the AR stage's contexts after its system prompt and after the prompt are the
             # text- and image-unconditioned ones; the conditional one is the latter plus the thinking
-            system, with_prompt = request.carry["contexts"][-2:]
-            for i, chunk in enumerate((system, with_prompt)):
-                state.tensors[f"chunk{i}.k"], state.tensors[f"chunk{i}.v"] = chunk["k"], chunk["v"]
-            contexts["text_uncond"] = {"chunks": [0], "rope": system["rope"]}
-            contexts["img_uncond"] = {"chunks": [0, 1], "rope": with_prompt["rope"]}
-            contexts["cond"] = dict(contexts["img_uncond"])
+            system, with_prompt = request.carry["contexts"][-2:]  # forks the AR stage handed over
+            contexts["text_uncond"], contexts["img_uncond"] = system, with_prompt
+            cond = inst.kv_pool.fork(KVSeq(**with_prompt["seq"]))
+            contexts["cond"] = {"seq": _plain(cond), "rope": with_prompt["rope"]}
             pending, aliases = [("cond", "cond", {"kind": "text", "ids": text_ids(inst, thinking)})], {}
         state.values.update(
             ctx=contexts,
-            chunks=2 if thinking is not None else 0,  # chunk ids in use
             pending=pending,
             aliases=aliases,
             thinking=thinking,
@@ -613,14 +596,16 @@ class ImageLoop(_Base):
         return state
 
     def _ctx(self, state: LoopState, name: str) -> dict[str, Any]:
-        """Context ``name`` as one tensor per keys and values (a step's transient copy of its chunks)."""
         ctx = state.values["ctx"][state.values["aliases"].get(name, name)]
-        if not ctx["chunks"]:
-            return {**empty_context(self.instance), "rope": ctx["rope"]}
-        t = state.tensors
-        k = torch.cat([t[f"chunk{i}.k"] for i in ctx["chunks"]], dim=2)
-        v = torch.cat([t[f"chunk{i}.v"] for i in ctx["chunks"]], dim=2)
-        return {"k": k, "v": v, "rope": ctx["rope"]}
+        return {"seq": ctx["seq"], "pool": self.instance.kv_pool, "rope": ctx["rope"]}
+
+    def release(self, state: LoopState) -> None:
+        """Return every context's pages (on finish, and when the request is cancelled or fails)."""
+        contexts, aliases = state.values.get("ctx") or {}, state.values.get("aliases", {})
+        for name, ctx in contexts.items():
+            if name not in aliases:
+                self.instance.kv_pool.release(KVSeq(**ctx["seq"]))
+        state.values["ctx"] = {}
 
     def _branches(self, state: LoopState, t: float) -> list[str]:
         g = state.values["guidance"]
@@ -694,11 +679,15 @@ class ImageLoop(_Base):
                 state.tensors["edit.latent"] = torch.einsum("chpwq->hwpqc", z).reshape(rows * cols, p * p * c)
                 return state
             v["pending"].pop(0)
-            chunk, src = v["chunks"], v["ctx"][source]
-            state.tensors[f"chunk{chunk}.k"], state.tensors[f"chunk{chunk}.v"] = out["k"][0], out["v"][0]
+            pool, src = self.instance.kv_pool, v["ctx"][source]
+            if name == source:  # extend the context itself
+                base = KVSeq(**src["seq"])
+            else:  # a new context over the source's pages (shared, not copied)
+                pool.release(KVSeq(**v["ctx"][name]["seq"]))
+                base = pool.fork(KVSeq(**src["seq"]))
+            seq = pool.append(base, out["k"][0], out["v"][0])
             advance = len(segment["ids"]) if segment["kind"] == "text" else 1
-            v["ctx"][name] = {"chunks": [*src["chunks"], chunk], "rope": src["rope"] + advance}
-            v["chunks"] = chunk + 1
+            v["ctx"][name] = {"seq": _plain(seq), "rope": src["rope"] + advance}
             if not v["pending"]:
                 v["phase"] = "denoise"
             return state
@@ -721,6 +710,7 @@ class ImageLoop(_Base):
         return state
 
     def finalize(self, state: LoopState) -> LoopResult:
+        self.release(state)
         return LoopResult(
             outputs={"frames": state.tensors["frames"], "latents": state.tensors["latents"]},
             metrics={
