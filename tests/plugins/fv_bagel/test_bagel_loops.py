@@ -23,6 +23,7 @@ from fv_core import (
     assert_interleave_parity,
     check_batched_parity,
 )
+from fv_core.kv import KVSeq
 from fv_core.runtime import Engine
 
 GOLDEN = Path(__file__).with_name("golden_bagel_tiny.json")
@@ -321,3 +322,23 @@ def test_ar_contexts_live_in_the_kv_pool_and_return_on_finish_and_cancel(fresh):
     while sched.has_work():
         sched.step()
     assert pool.used_pages == 0
+
+
+@pytest.mark.parametrize("task", ["edit", "think-t2i"])
+def test_shared_prefix_pages_equal_private_copies_bit_for_bit(bagel, task, monkeypatch):
+    parts = [PICTURE] if task == "edit" else []
+    params = {
+        "prompt": "make it red",
+        "num_inference_steps": 2,
+        **({} if task == "edit" else {"max_tokens": 3}),
+    }
+    shared = bagel.generate(task=task, parts=parts, **params)
+    pool = bagel.instance.kv_pool
+
+    def private(seq):  # a copy of every page instead of a reference
+        k, v = pool.read(seq)
+        return pool.append(KVSeq(), k, v) if seq.length else KVSeq()
+
+    monkeypatch.setattr(pool, "fork", private)
+    copied = bagel.generate(task=task, parts=parts, **params)
+    assert np.array_equal(shared.image, copied.image) and pool.used_pages == 0
