@@ -155,7 +155,7 @@ def text_ids(inst: BagelModel, text: str) -> list[int]:
 
 def resized(image: np.ndarray, max_size: int, min_size: int, stride: int) -> torch.Tensor:
     """BAGEL's resize: the long side at most ``max_size``, the short side at least ``min_size``, both
-    multiples of ``stride`` (bilinear); returns ``[H, W, 3]`` in -1..1."""
+    multiples of ``stride`` (bicubic, as its transforms run); returns ``[H, W, 3]`` in -1..1."""
     from PIL import Image
 
     height, width = image.shape[:2]
@@ -165,12 +165,12 @@ def resized(image: np.ndarray, max_size: int, min_size: int, stride: int) -> tor
     def fit(value: float) -> int:
         return max(stride, int(round(value / stride) * stride))
 
-    new_w, new_h = fit(width * scale), fit(height * scale)
+    new_w, new_h = fit(round(width * scale)), fit(round(height * scale))
     if max(new_w, new_h) > max_size:
         s = max_size / max(new_w, new_h)
-        new_w, new_h = fit(new_w * s), fit(new_h * s)
+        new_w, new_h = fit(round(new_w * s)), fit(round(new_h * s))
     pil = Image.fromarray((np.clip(image, 0, 1) * 255).round().astype(np.uint8)).resize(
-        (new_w, new_h), Image.Resampling.BILINEAR
+        (new_w, new_h), Image.Resampling.BICUBIC
     )
     return torch.from_numpy(np.asarray(pil, dtype=np.float32) / 255.0) * 2 - 1
 
