@@ -170,6 +170,20 @@ def test_constant_reward_gives_r_one_half_and_no_policy_gradient(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+def test_the_reward_moves_the_policy_its_way(tmp_path):
+    """From the same start, rewarding brightness makes the old policy's videos brighter than
+    rewarding darkness does (fixed probe prompts and seeds, outside the rollouts' seeds)."""
+    probes = {}
+    for sign in (1.0, -1.0):
+        method = make(tmp_path / str(sign), steps=8, prompts_per_step=3, group_size=4, eta_rate=0.001)
+        method.reward = lambda frames, prompts, sign=sign: sign * brightness(frames, prompts)
+        for step in range(8):
+            method.step(step)
+        _, frames = method.generate(method.model, PROMPTS * 2, list(range(6)), 3, 1.0)
+        probes[sign] = frames.mean().item()
+    assert probes[1.0] > probes[-1.0], probes
+
+
 def test_c2_train_forward_equals_serve_forward_bit_for_bit(stepped, tmp_path):
     """What NFT trains on is the student's velocity at forward-noised rollout latents: the train
     profile (grad) equals the serve profile on the same input bit for bit, through the adapter and

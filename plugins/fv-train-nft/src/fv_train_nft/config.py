@@ -32,9 +32,9 @@ class NftOptions(StrictModel):
     group_size: int = Field(8, ge=2)  # rollouts per prompt (advantages are relative within a group)
     rollout_steps: int = Field(10, gt=0)  # ODE steps of the old policy's rollouts (the card's sampler)
     sampler: str | None = None  # the rollout sampler (default: the card's)
-    flow_shift: float = Field(
-        3.0, gt=0
-    )  # noise levels trained on: the rollout schedule, shifted as the sampler
+    # the noise levels trained on: ``rollout_steps`` uniform levels from 1 down, shifted by this as the
+    # flow sampler shifts its schedule (3.0: the shapes card's own; 1.0: the uniform grid)
+    flow_shift: float = Field(3.0, gt=0)
     train_timesteps: int | None = Field(None, gt=0)  # levels per sample (None: floor(0.99 * rollout_steps))
     max_sequence_length: int | None = Field(None, gt=0)  # prompt padding (default: the card's)
     beta: float = Field(1.0, gt=0)  # v+ = (1-beta) v_old + beta v, v- = (1+beta) v_old - beta v
