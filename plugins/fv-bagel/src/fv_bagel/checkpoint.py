@@ -141,8 +141,12 @@ def load_tokenizer(folder: Path) -> tuple[Any, dict[str, int]]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in SPECIAL_TOKENS.items()}
-    unknown = [SPECIAL_TOKENS[n] for n, i in ids.items() if i is None or i == tokenizer.unk_token_id]
+    ids: dict[str, Any] = {
+        name: tokenizer.convert_tokens_to_ids(token) for name, token in SPECIAL_TOKENS.items()
+    }
+    unknown = [
+        SPECIAL_TOKENS[n] for n, i in ids.items() if not isinstance(i, int) or i == tokenizer.unk_token_id
+    ]
     if unknown:
         _fail(folder, f"the tokenizer lacks BAGEL's special tokens {unknown}")
     return tokenizer, ids

@@ -384,6 +384,7 @@ class ChatLoop(_Base):
             return state
         self._append(state, out, 1)
         state.step += 1
+        assert state.generator is not None, "init seeds the request's generator"
         token = sample(out["logits"][0].float(), state.generator, **state.values["sampling"])
         self._take(state, token)
         # the step's stream payload (its "partial" event): the token and the text it settled; the

@@ -91,9 +91,9 @@ class MoTAttention(nn.Module):
 
     def __init__(self, config: Qwen2Config) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads or config.num_attention_heads)
+        self.head_dim = int(config.hidden_size) // self.num_heads
         hidden, q_out, kv_out = (
             config.hidden_size,
             self.num_heads * self.head_dim,
@@ -166,7 +166,10 @@ class MoTDecoderLayer(nn.Module):
             keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
         out = attend(q, keys, values, keep, exact).transpose(1, 2).reshape(b, t, nq)
         h = h + routed(
-            out, gen, lambda x: linear(x, a.o_proj, exact), lambda x: linear(x, a.o_proj_moe_gen, exact)
+            out,
+            gen,
+            lambda x: linear(x, a.get_submodule("o_proj"), exact),  # type: ignore[arg-type]
+            lambda x: linear(x, a.get_submodule("o_proj_moe_gen"), exact),  # type: ignore[arg-type]
         )
         h = h + routed(h, gen, lambda x: self.ffn(x, "", exact), lambda x: self.ffn(x, GEN, exact))
         return h, k, v
@@ -196,8 +199,9 @@ class MoTLanguageModel(nn.Module):
     @property
     def kv_shape(self) -> tuple[int, int, int]:
         """``(layers, kv heads, head dim)`` of one token's keys (or values)."""
-        c = self.config
-        return c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
+        a = self.model.layers[0].self_attn
+        assert isinstance(a, MoTAttention)
+        return len(self.model.layers), a.num_kv_heads, a.head_dim
 
     def forward(
         self,
@@ -253,9 +257,9 @@ class TimestepEmbedder(nn.Module):
         from diffusers.models.embeddings import get_timestep_embedding
 
         freq = get_timestep_embedding(t, self.frequency_size, flip_sin_to_cos=True, downscale_freq_shift=0)
-        return linear(
-            F.silu(linear(freq.to(self.mlp[0].weight.dtype), self.mlp[0], exact)), self.mlp[2], exact
-        )
+        first, second = self.mlp[0], self.mlp[2]
+        assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+        return linear(F.silu(linear(freq.to(first.weight.dtype), first, exact)), second, exact)
 
 
 class PositionEmbedding(nn.Module):

@@ -21,8 +21,9 @@ from fv_bagel.mot import MLPConnector, MoTLanguageModel, PositionEmbedding, Time
 class SiglipNavitEmbeddings(nn.Module):
     def __init__(self, config: SiglipVisionConfig) -> None:
         super().__init__()
-        self.patch_embedding = nn.Linear(config.num_channels * config.patch_size**2, config.hidden_size)
-        side = config.image_size // config.patch_size
+        patch, size = int(config.patch_size), int(config.image_size)  # type: ignore[arg-type]
+        self.patch_embedding = nn.Linear(config.num_channels * patch**2, config.hidden_size)
+        side = size // patch
         self.position_embedding = nn.Embedding(side * side, config.hidden_size)
 
 
@@ -30,7 +31,7 @@ class SiglipNavitTransformer(nn.Module):
     def __init__(self, config: SiglipVisionConfig) -> None:
         super().__init__()
         self.embeddings = SiglipNavitEmbeddings(config)
-        self.encoder = SiglipEncoder(config)
+        self.encoder = SiglipEncoder(config)  # type: ignore[arg-type]  # it takes the vision config
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ SPECIAL = [
 ]  # fmt: skip
 BPE_VOCAB = 320  # byte alphabet (256) + merges
 
-TINY_LLM = dict(
+TINY_LLM: dict[str, Any] = dict(
     model_type="qwen2",
     architectures=["Qwen2ForCausalLM"],
     hidden_size=64,
@@ -47,7 +48,7 @@ TINY_LLM = dict(
     bos_token_id=None,
     eos_token_id=None,
 )
-TINY_VIT = dict(
+TINY_VIT: dict[str, Any] = dict(
     model_type="siglip_vision_model",
     hidden_size=32,
     intermediate_size=64,
@@ -59,7 +60,7 @@ TINY_VIT = dict(
     hidden_act="gelu_pytorch_tanh",
     layer_norm_eps=1e-6,
 )
-TINY_VAE = dict(block_out_channels=[32, 32, 64, 64], layers_per_block=1)
+TINY_VAE: dict[str, Any] = dict(block_out_channels=[32, 32, 64, 64], layers_per_block=1)
 MAX_LATENT_SIZE = 8  # latent patches a side (128 px)
 
 _CORPUS = """
@@ -152,7 +153,7 @@ def write_tiny_checkpoint(folder: Path, seed: int = SEED) -> None:
             with torch.no_grad():
                 p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name and p.dim() == 1 and "bias" not in name
                         else 0.2 * torch.randn_like(p))  # fmt: skip
-        vae = AutoencoderKL(**flux_config(**TINY_VAE))
+        vae: Any = AutoencoderKL(**flux_config(**TINY_VAE))
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(folder / "ema.safetensors"))
     levels = len(TINY_VAE["block_out_channels"])
     save_file(to_bfl(vae.state_dict(), levels), str(folder / "ae.safetensors"))

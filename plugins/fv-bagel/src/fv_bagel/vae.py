@@ -74,7 +74,7 @@ def load_flux_vae(path: Path, dtype: torch.dtype = torch.float32, device: str | 
     state = load_file(str(path))
     config = config_from_state(state)
     converted = convert_ldm_vae_checkpoint(state, config)
-    vae = AutoencoderKL(**config)
+    vae: Any = AutoencoderKL(**config)
     missing, unexpected = vae.load_state_dict(converted, strict=False)
     if missing or unexpected:
         raise WeightsError(
