@@ -36,7 +36,8 @@ def content_hash(*parts: Any) -> str:
 
 def _update(h: Any, part: Any) -> None:
     if isinstance(part, torch.Tensor):
-        t = part.detach().contiguous().cpu()
+        # a fresh dense copy: also where torch calls an expanded size-1 dim (stride 0) contiguous
+        t = torch.empty(part.shape, dtype=part.dtype).copy_(part.detach())
         h.update(f"tensor:{t.dtype}:{tuple(t.shape)}:".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     elif isinstance(part, bytes):

@@ -14,6 +14,9 @@ def test_content_hash_covers_dtype_shape_and_values():
     )
     assert content_hash("ab", "c") != content_hash("a", "bc")
     assert content_hash(torch.tensor(1.0, dtype=torch.bfloat16)) != content_hash(torch.tensor(1.0))
+    # any strides hash by value: an expanded scalar (stride 0; torch calls it contiguous), a transpose
+    assert content_hash(torch.tensor(5.0).expand(1)) == content_hash(torch.tensor([5.0]))
+    assert content_hash(x.reshape(2, 2).t()) == content_hash(x.reshape(2, 2).t().contiguous())
 
 
 def test_cache_key_extra_fields_are_order_free_and_output_semantic():
