@@ -70,9 +70,11 @@ class PagedKVPool:
                 f"a KV pool of {max_bytes} bytes holds no page of {self.page_bytes} bytes. Fix: give it more bytes"
             )
         shape = (num_pages, layers, kv_heads, page_size, head_dim)
-        with torch.inference_mode(False), torch.no_grad():  # writable in and out of inference mode
-            self.k = torch.zeros(shape, dtype=dtype, device=device)
-            self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # writable in and out of inference mode; uninitialized (only written tokens are ever read), so
+        # untouched pages cost no resident memory on a host that allocates lazily
+        with torch.inference_mode(False), torch.no_grad():
+            self.k = torch.empty(shape, dtype=dtype, device=device)
+            self.v = torch.empty(shape, dtype=dtype, device=device)
         self.refs = [0] * num_pages
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out the lowest id first
         self._lock = threading.Lock()
