@@ -24,6 +24,7 @@ from fv_core.training.config import (
 )
 from fv_core.training.method import Consistency, MethodSpec, Role, RoleSpec, TrainMethod
 from fv_core.training.reward import Reward, load_reward
+from fv_core.training.sync import SyncResult, WeightSyncPlan, push_weights, sync_weights
 from fv_core.training.trainer import (
     load_optimizer,
     make_optimizer,
@@ -53,18 +54,22 @@ __all__ = [
     "Role",
     "RoleSpec",
     "StrictModel",
+    "SyncResult",
     "TrainAdapter",
     "TrainConfig",
     "TrainMethod",
+    "WeightSyncPlan",
     "adapter_class",
     "load_config",
     "load_optimizer",
     "load_reward",
     "make_optimizer",
     "plot_loss",
+    "push_weights",
     "run_body",
     "save_optimizer",
     "set_lr",
+    "sync_weights",
     "train",
     "train_adapter",
     "train_body",
