@@ -1,23 +1,27 @@
-"""BAGEL's two loops over one resident network: AR decode (``chat``) and image denoise (``t2i``).
+"""BAGEL's loops over one resident network: AR decode (``chat``, the thinking of ``think-t2i``) and
+image denoise (``t2i``, ``edit``, the image of ``think-t2i``).
 
 A request's context is a list of segments appended to its KV cache in order: a text segment is
-``<|im_start|> text <|im_end|>`` (causal, one RoPE position per token), an image segment is
-``<|vision_start|> ViT tokens <|vision_end|>`` (bidirectional inside, every token at one RoPE
-position, which then advances by one). Each segment is one prefill WorkUnit that appends its
-keys/values to ``state.tensors`` (per layer, ``[layers, kv heads, length, head dim]``).
+``<|im_start|> text <|im_end|>`` (causal, one RoPE position per token), an understanding image is
+``<|vision_start|> ViT tokens <|vision_end|>`` and an edited image ``<|vision_start|> clean latent
+tokens <|vision_end|>`` (bidirectional inside, every token at one RoPE position, which then advances
+by one). Each segment is one prefill WorkUnit. The keys/values live in the instance's paged KV pool
+(:mod:`fv_core.kv`): the request's LoopState holds its page lists, a step gathers its padded inputs
+from the pool (bodies stay pure functions of their inputs), ``advance`` writes the request's own
+pages, and ``finalize`` / ``release`` (cancel, failure) give them back.
 
 AR decode: each token step feeds the last token at the next position and appends its keys/values;
 sampling (greedy / temperature / top-k / top-p), EOS, stop strings and ``max_tokens`` run in
 ``advance`` on the request's own generator. Token steps of different requests batch as rows: each
 row's context is padded to a shared length bucket (``BUCKET``) with its real tokens marked, so
-requests of different lengths share one call (ragged batching) while their lengths fall in one
-power-of-two bucket (a paged KV pool that lets any lengths share a call is not built yet).
+requests of different lengths share one call while their lengths fall in one power-of-two bucket.
 
 Denoise: ``<|vision_start|> latents <|vision_end|>`` is a query over the context that attends to
 it and to itself in full and is never written to the cache (the prefix is reused by every step).
 The latent tokens run on the generation expert, the two markers on the understanding expert.
 CFG runs the same query over the text-unconditioned and image-unconditioned contexts, as extra
-rows of the step; the guided velocity, its renorm and the Euler update run in ``advance``.
+rows of the step (contexts with a common prefix share its pages); the guided velocity, its renorm
+and the Euler update run in ``advance``.
 """
 
 from __future__ import annotations
