@@ -146,8 +146,15 @@ def test_ragged_token_steps_batch_across_requests_bit_for_bit(bagel, monkeypatch
 def golden_run(bagel) -> dict:
     chat = bagel.generate(task="chat", prompt="describe the image", max_tokens=12, temperature=0.9, seed=7)
     image = bagel.generate(task="t2i", prompt="a red cat on a table", num_inference_steps=5, seed=7)
-    return {"chat_tokens": chat.provenance["metrics"]["completion_tokens"], "chat_text": chat.text,
-            "image_mean": float(image.image.mean()), "image_corner": image.image[:2, :2].reshape(-1).tolist()}  # fmt: skip
+    edit = bagel.generate(task="edit", parts=[PICTURE], prompt="make it blue", num_inference_steps=3, seed=7)
+    think = bagel.generate(task="think-t2i", prompt="a cat", num_inference_steps=3, max_tokens=6, seed=7)
+    return {
+        "chat_tokens": chat.provenance["metrics"]["completion_tokens"], "chat_text": chat.text,
+        "image_mean": float(image.image.mean()), "image_corner": image.image[:2, :2].reshape(-1).tolist(),
+        "edit_mean": float(edit.image.mean()), "edit_corner": edit.image[:2, :2].reshape(-1).tolist(),
+        "thinking": think.provenance["metrics"]["stages"]["1:t2i"]["thinking"],
+        "think_mean": float(think.image.mean()),
+    }  # fmt: skip
 
 
 def test_golden_trajectory(bagel):
@@ -160,8 +167,11 @@ def test_golden_trajectory(bagel):
     assert GOLDEN.is_file(), f"{GOLDEN} is missing. Fix: record it with FV_BAGEL_RECORD=1"
     want = json.loads(GOLDEN.read_text())
     assert got["chat_text"] == want["chat_text"] and got["chat_tokens"] == want["chat_tokens"]
-    assert abs(got["image_mean"] - want["image_mean"]) < 1e-5
-    assert np.allclose(got["image_corner"], want["image_corner"], atol=1e-5)
+    assert got["thinking"] == want["thinking"]
+    for name in ("image", "edit", "think"):
+        assert abs(got[f"{name}_mean"] - want[f"{name}_mean"]) < 1e-5, name
+    for name in ("image", "edit"):
+        assert np.allclose(got[f"{name}_corner"], want[f"{name}_corner"], atol=1e-5), name
 
 
 def test_cli_writes_the_image_and_the_answer(bagel_host, bagel_path, tmp_path, monkeypatch):
