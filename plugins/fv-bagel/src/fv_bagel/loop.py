@@ -188,7 +188,7 @@ def vit_patches(inst: BagelModel, image: np.ndarray) -> tuple[torch.Tensor, torc
     pixels = resized(image, side * p, min(16 * p, side * p // 2), p)
     rows, cols = pixels.shape[0] // p, pixels.shape[1] // p
     patches = pixels.reshape(rows, p, cols, p, 3).permute(0, 2, 1, 3, 4).reshape(rows * cols, p * p * 3)
-    return patches.to(inst.dtype), grid_ids(rows, cols, side)
+    return patches.to(inst.device, inst.dtype), grid_ids(rows, cols, side).to(inst.device)
 
 
 def _check_request(inst: BagelModel, request: Any, cls: type) -> Any:
@@ -543,7 +543,8 @@ class ImageLoop(_Base):
         _check_positions(inst, len(prompt) + 1, f"a prompt of {len(prompt)} tokens")
         dim = net.latent_patch_size**2 * net.latent_channels
         noise = torch.randn(rows * cols, dim, generator=gen, dtype=torch.float32)
-        state.tensors.update(latents=noise.to(inst.device), grid=grid_ids(rows, cols, net.max_latent_size))
+        grid = grid_ids(rows, cols, net.max_latent_size).to(inst.device)
+        state.tensors.update(latents=noise.to(inst.device), grid=grid)
         # a context is a sequence of the instance's KV pool and its next RoPE position; contexts that
         # share a prefix share its pages (forks, copy-on-write), never copies
         contexts: dict[str, dict[str, Any]] = {
