@@ -2,7 +2,9 @@
 
 Every error is answered as ``{"error": {message, type, param, code}}``:
 400 bad or over-limit input and schema violations (as OpenAI answers them), 401 bad API key,
-404 unknown model or video, 409 content not ready, 413 body too large, 429 full queue (Retry-After).
+404 unknown model or video, 409 content not ready or a weights version clash, 413 body too large,
+429 full queue (Retry-After). ``POST /v1/weights`` (fv's own) takes a trainer's weights: a
+``WeightSyncPlan`` as JSON and a safetensors file (see ``fv_core.training.sync``).
 OpenAI fields fv does not use (``user``, ``quality``, ...) are accepted and ignored, and named in
 the ``x-fv-ignored-fields`` response header.
 Unexpected failures answer 500 without a stack trace.
@@ -21,7 +23,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request
+from fastapi import UploadFile as UploadedFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -50,6 +53,7 @@ from fv_core.serving.schemas import (
     VideoBase,
     VideoDeleted,
     VideoList,
+    WeightsSynced,
     with_params,
 )
 from fv_core.serving.service import ApiError, Service
@@ -224,6 +228,17 @@ def _v1_router(api_key: str | None, video_body: type[Strict], image_body: type[S
         return ImagesResponse(
             created=int(time.time()), data=[ImageData(b64_json=b) for b in images], size=body.size
         )
+
+    @router.post("/weights", response_model=WeightsSynced)
+    async def sync_weights(
+        plan: str = Form(description='the WeightSyncPlan as JSON: {"role", "components", "version"}'),
+        weights: UploadedFile = File(description="safetensors of the tensors, keyed '<component>.<name>'"),
+        model: str | None = Form(None, description="served model name; default: the first deployed"),
+        service: Service = Depends(_service),
+    ) -> WeightsSynced:
+        """Hot weight sync from a trainer (``fv_core.training.push_weights``): requests accepted before
+        it finish on the weights they started with, those after run on the new ones."""
+        return await service.sync_weights(model, plan, await weights.read())
 
     @router.get("/models", response_model=ModelList)
     async def list_models(service: Service = Depends(_service)) -> ModelList:

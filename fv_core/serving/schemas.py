@@ -153,6 +153,19 @@ class ModelList(BaseModel):
     data: list[Model]
 
 
+class WeightsSynced(BaseModel):
+    """``POST /v1/weights``: the new weights are live (requests accepted from now on run on them)."""
+
+    object: Literal["weights.sync"] = "weights.sync"
+    model: str  # served model name
+    role: str  # the plan's training role
+    versions: dict[str, str]  # component -> its new weights_version
+    previous: dict[str, str]  # component -> the version it replaced
+    tensors: dict[str, int]  # component -> tensors replaced
+    cache_entries_dropped: int  # cached features of the replaced versions that went
+    requests_on_previous: int  # requests accepted before, finishing on the replaced weights
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str

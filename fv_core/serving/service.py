@@ -19,10 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from fv_core.artifacts import VideoArtifact, to_uint8
 from fv_core.deploy.card import DeploymentCard, Limits, ModelDeploy
-from fv_core.errors import AdmissionInfeasible, Cancelled, ConfigError, LimitExceeded, QueueFull
+from fv_core.errors import (
+    AdmissionInfeasible,
+    Cancelled,
+    ConfigError,
+    LimitExceeded,
+    QueueFull,
+    WeightsError,
+    explain,
+)
 from fv_core.load import load
 from fv_core.loop.contracts import LoopResult
 from fv_core.model import LoadedModel
@@ -32,7 +41,7 @@ from fv_core.request.params import MAX_SEED
 from fv_core.runtime import AsyncEngine, Budget, Engine
 from fv_core.serving.jobs import JobStore, new_job_id
 from fv_core.serving.metrics import Metrics
-from fv_core.serving.schemas import API_FIELDS, ImageBase, Video, VideoBase
+from fv_core.serving.schemas import API_FIELDS, ImageBase, Video, VideoBase, WeightsSynced
 
 log = logging.getLogger("fv.serving")
 WATCH_S = 0.2  # shared store: how often a replica looks for its jobs deleted through another replica
@@ -82,6 +91,7 @@ class Service:
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None  # shared store only: see _watch
         self.draining = False  # shutting down: no new jobs
+        self._sync_lock = asyncio.Lock()  # one weight sync at a time (each stages on the live weights)
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -320,6 +330,45 @@ class Service:
                 return await self.engine.submit(*job)
             except QueueFull as exc:
                 await asyncio.sleep(min(1.0, max(0.01, exc.retry_after_s)))
+
+    # -- weight sync ----------------------------------------------------------------------------------
+
+    async def sync_weights(self, model: str | None, plan_json: str, weights: bytes) -> WeightsSynced:
+        """Put a trainer's weights live (``fv_core.training.sync``): checked and staged off the engine's
+        thread while generation goes on, swapped in between two of its ticks. Jobs accepted before
+        finish on the weights they started with; bad plans and tensors answer 400, version clashes
+        409, and change nothing."""
+        from fv_core.training.sync import WeightSyncPlan, stage_sync
+
+        served = self.model(model)
+        try:
+            plan = WeightSyncPlan.model_validate_json(plan_json)
+        except ValidationError as exc:
+            message = explain(exc, "weight sync plan", WeightSyncPlan.model_fields)
+            raise ApiError(400, message, "invalid_plan", "plan") from None
+        async with self._sync_lock:
+            try:
+                staged = await asyncio.to_thread(stage_sync, served.loaded, plan, weights)
+                result = await asyncio.wrap_future(self.engine.at_boundary(staged.apply))
+            except WeightsError as exc:
+                raise ApiError(400, str(exc), "invalid_weights", "weights") from None
+            except ConfigError as exc:
+                if exc.param == "version":
+                    raise ApiError(409, str(exc), "version_conflict", "plan") from None
+                raise ApiError(400, str(exc), "invalid_plan", "plan") from None
+        log.info(
+            "weights of %s synced: %s (role %s; %d cache entries dropped; %d requests finish on the previous)",
+            served.name, result.versions, result.role, result.cache_entries_dropped, len(result.pinned),
+        )  # fmt: skip
+        return WeightsSynced(
+            model=served.name,
+            role=result.role,
+            versions=result.versions,
+            previous=result.previous,
+            tensors=result.tensors,
+            cache_entries_dropped=result.cache_entries_dropped,
+            requests_on_previous=len(result.pinned),
+        )
 
     # -- shared ---------------------------------------------------------------------------------------
 
