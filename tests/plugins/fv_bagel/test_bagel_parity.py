@@ -197,3 +197,24 @@ def test_the_7b_card_loads_the_published_layout_in_bfloat16(tmp_path, bagel_host
     (folder / "llm_config.json").write_text(json.dumps(config))
     with pytest.raises(WeightsError, match="MoT"):
         fv_core.load("bagel-7b-mot", folder, host=bagel_host)
+
+
+def test_a_file_without_the_frozen_position_tables_gets_them_computed(tmp_path, bagel_path, net):
+    """The two sin-cos tables are frozen parameters a checkpoint may leave out; they are computed as BAGEL
+    initialises them (the tiny's were written from the same function), any other missing key is an error."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "no-tables"
+    shutil.copytree(bagel_path, folder)
+    state = load_file(str(folder / "ema.safetensors"))
+    del state["latent_pos_embed.pos_embed"], state["vit_pos_embed.pos_embed"]
+    save_file(state, str(folder / "ema.safetensors"))
+    loaded = load_net(folder, torch.float32, torch.device("cpu"))
+    assert loaded.max_latent_size == 64 and loaded.vit_side == 70  # BAGEL's sizes when the file has none
+    assert torch.equal(loaded.latent_pos_embed.pos_embed[:1], net.latent_pos_embed.pos_embed[:1])
+    del state["vae2llm.bias"]
+    save_file(state, str(folder / "ema.safetensors"))
+    with pytest.raises(WeightsError, match="vae2llm.bias"):
+        load_net(folder, torch.float32, torch.device("cpu"))

@@ -30,6 +30,7 @@ BAGEL_LLM_KEYS = {
     "architectures", "transformers_version", "qk_norm", "layer_module", "freeze_und", "_attn_implementation",
     "attn_implementation", "is_causal", "torch_dtype", "dtype",
 }  # fmt: skip
+TABLES = {"latent_pos_embed": 64, "vit_pos_embed": 70}  # BAGEL's max_latent_size, vit_max_num_patch_per_side
 SPECIAL_TOKENS = {  # BAGEL's new_token_ids: name -> token (Qwen2.5's own special tokens)
     "bos_token_id": "<|im_start|>",
     "eos_token_id": "<|im_end|>",
@@ -102,32 +103,46 @@ def tensor_shapes(path: Path) -> dict[str, list[int]]:
 
 
 def load_net(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
-    """``BagelNet`` with every tensor of ``ema.safetensors`` (strict: none missing, none left over)."""
+    """``BagelNet`` with every tensor of ``ema.safetensors`` (strict: none missing but the two frozen
+    sin-cos position tables, which are computed when left out; none left over)."""
     from safetensors.torch import load_file
 
     from fv_bagel.net import BagelNet
 
     shapes = tensor_shapes(folder / "ema.safetensors")
-    try:
-        latent_dim = shapes["vae2llm.weight"][1]
-        max_latent = math.isqrt(shapes["latent_pos_embed.pos_embed"][0])
-        vit_side = math.isqrt(shapes["vit_pos_embed.pos_embed"][0])
-    except KeyError as exc:
+    if "vae2llm.weight" not in shapes:
         raise WeightsError(
-            f"ema.safetensors in {str(folder)!r} has no {exc}: not a BAGEL MoT checkpoint. Fix: use BAGEL-7B-MoT."
-        ) from None
+            f"ema.safetensors in {str(folder)!r} has no 'vae2llm.weight': not a BAGEL MoT checkpoint. "
+            "Fix: use BAGEL-7B-MoT's ema.safetensors."
+        )
+    latent_dim = shapes["vae2llm.weight"][1]
+    # the frozen sin-cos tables: their size from the file when it holds them, else BAGEL's (app.py)
+    sides = {
+        name: math.isqrt(shapes[f"{name}.pos_embed"][0]) if f"{name}.pos_embed" in shapes else default
+        for name, default in TABLES.items()
+    }
     llm, vit = llm_config(folder), vit_config(folder)
     with torch.device("meta"):
         net = BagelNet(
-            llm, vit, latent_channels=latent_dim // 4, max_latent_size=max_latent, vit_side=vit_side
-        )
+            llm, vit, latent_channels=latent_dim // 4, max_latent_size=sides["latent_pos_embed"],
+            vit_side=sides["vit_pos_embed"],
+        )  # fmt: skip
     state = load_file(str(folder / "ema.safetensors"), device=str(device))
     missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
+    tables = {f"{name}.pos_embed" for name in TABLES}
+    if set(missing) - tables or unexpected:
         raise WeightsError(
             f"ema.safetensors in {str(folder)!r} does not fit its configs: missing {sorted(missing)[:6]}, "
             f"unexpected {sorted(unexpected)[:6]}. Fix: keep ema.safetensors, llm_config.json and "
             "vit_config.json from the same BAGEL checkpoint."
+        )
+    from fv_bagel.mot import PositionEmbedding, sincos_2d
+
+    for key in missing:  # a table the file leaves out is computed, as BAGEL initialises it
+        module = net.get_submodule(key.rsplit(".", 1)[0])
+        assert isinstance(module, PositionEmbedding)
+        module.pos_embed = torch.nn.Parameter(
+            sincos_2d(llm.hidden_size, module.side).to(device), requires_grad=False
         )
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
