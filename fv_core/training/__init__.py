@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fv_core.loop.contracts import Profile, WorkPlan
+from fv_core.loop.observers import BehaviorRecord, StepRecord, same_bits
 from fv_core.loop.runner import run_plan
 from fv_core.training.adapter import TrainAdapter, adapter_class, train_adapter
 from fv_core.training.config import (
@@ -23,7 +24,17 @@ from fv_core.training.config import (
     validate_options,
 )
 from fv_core.training.method import Consistency, MethodSpec, Role, RoleSpec, TrainMethod
+from fv_core.training.records import load_records, records_equal, save_records
 from fv_core.training.reward import Reward, load_reward
+from fv_core.training.rollout import (
+    ReplayableLoop,
+    Rollout,
+    call_of,
+    check_c2,
+    replay_call,
+    replay_step,
+    rollout,
+)
 from fv_core.training.sync import SyncResult, WeightSyncPlan, push_weights, sync_weights
 from fv_core.training.trainer import (
     load_optimizer,
@@ -46,13 +57,17 @@ def run_body(plan: WorkPlan, train: bool) -> dict[str, Any]:
 
 
 __all__ = [
+    "BehaviorRecord",
     "Consistency",
     "DataConfig",
     "MethodSpec",
     "OptimConfig",
+    "ReplayableLoop",
     "Reward",
     "Role",
     "RoleSpec",
+    "Rollout",
+    "StepRecord",
     "StrictModel",
     "SyncResult",
     "TrainAdapter",
@@ -60,14 +75,23 @@ __all__ = [
     "TrainMethod",
     "WeightSyncPlan",
     "adapter_class",
+    "call_of",
+    "check_c2",
     "load_config",
     "load_optimizer",
+    "load_records",
     "load_reward",
     "make_optimizer",
     "plot_loss",
     "push_weights",
+    "records_equal",
+    "replay_call",
+    "replay_step",
+    "rollout",
     "run_body",
+    "same_bits",
     "save_optimizer",
+    "save_records",
     "set_lr",
     "sync_weights",
     "train",
