@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fv_core.errors import ConfigError, explain
+from fv_core.training.method import Role
 
 Options = TypeVar("Options", bound=BaseModel)
 
@@ -43,6 +44,18 @@ class DataConfig(StrictModel):
     seed: int = 0
 
 
+class SyncConfig(StrictModel):
+    """Push a role's weights to a running ``fv serve`` every ``every`` steps (hot weight sync): the
+    server swaps them in at a step boundary as version ``<method>-step-<N>``."""
+
+    url: str  # the server, e.g. http://127.0.0.1:8000
+    every: int = Field(gt=0)
+    role: Role = Role.STUDENT  # whose weights (a key of the method's roles: student, ema, ...)
+    components: list[str] = Field(default_factory=lambda: ["transformer"], min_length=1)
+    model: str | None = None  # the served model name (default: the server's first)
+    api_key_env: str | None = "FV_API_KEY"  # environment variable holding the server's API key
+
+
 class TrainConfig(StrictModel):
     method: str  # a registered training method (`fv plugins` lists them)
     output_dir: Path  # checkpoints, log.jsonl, loss.png; the final model goes to <output_dir>/final
@@ -56,6 +69,7 @@ class TrainConfig(StrictModel):
     keep_checkpoints: int = Field(2, gt=0)
     optim: OptimConfig = OptimConfig()
     data: DataConfig = DataConfig()
+    sync: SyncConfig | None = None  # push weights to a live server while training
     options: dict[str, Any] = {}  # validated by the method's option schema
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+import torch
+
 
 class Role(str, enum.Enum):
     """Which copy of the weights a module plays in a method (what a WeightSyncPlan ships)."""
@@ -62,6 +64,7 @@ class TrainMethod(Protocol):
     """What ``fv train`` drives; built by a factory registered under ``fv_register_methods``."""
 
     spec: ClassVar[MethodSpec]
+    roles: dict[Role, dict[str, torch.nn.Module]]  # the live modules of each role (what a sync ships)
 
     def step(self, step: int) -> dict[str, float]:
         """One optimisation step; returns scalars to log (``loss`` at least)."""

@@ -42,6 +42,8 @@ def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[
             bar.set_postfix(loss=f"{scalars['loss']:.4f}")
         if done % cfg.eval_every == 0 or done == cfg.steps:
             _write(log, {"step": done, "eval": method.evaluate(done)})
+        if cfg.sync is not None and done % cfg.sync.every == 0:
+            _write(log, {"step": done, "sync": push_role(cfg, method, done)})
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:  # the last one lets a longer run resume
             _checkpoint(out, method, done, cfg.keep_checkpoints, before + time.perf_counter() - t0)
             plot_loss(out / "log.jsonl", out / "loss.png")
@@ -61,6 +63,24 @@ def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def push_role(cfg: TrainConfig, method: TrainMethod, step: int) -> dict[str, Any]:
+    """Send ``cfg.sync.role``'s components to the server as version ``<method>-step-<step>``; returns
+    the server's answer (versions, cache entries dropped, ...)."""
+    import os
+
+    from fv_core.training.sync import WeightSyncPlan, push_weights
+
+    sync = cfg.sync
+    assert sync is not None
+    modules = method.roles[sync.role]
+    plan = WeightSyncPlan(
+        role=sync.role.value, components=sync.components, version=f"{cfg.method}-step-{step}"
+    )
+    api_key = os.environ.get(sync.api_key_env) if sync.api_key_env else None
+    weights = {name: modules[name] for name in sync.components}
+    return push_weights(sync.url, plan, weights, api_key=api_key, model=sync.model)
 
 
 def _write(log, record: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ class NoisyRegression:
     def __init__(self, cfg) -> None:
         self.w = torch.zeros(3, requires_grad=True)
         self.opt = torch.optim.SGD([self.w], lr=0.1)
+        self.roles: dict = {}
 
     def step(self, step: int) -> dict[str, float]:
         x = torch.randn(8, 3)

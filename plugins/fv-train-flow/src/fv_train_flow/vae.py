@@ -51,6 +51,7 @@ class VaeMethod:
         if not self.opts.train_encoder:  # the latent space stays fixed: only the decoder learns
             self.vae.encoder.requires_grad_(False)
             self.vae.quant_conv.requires_grad_(False)
+        self.roles = {Role.STUDENT: {"vae": self.vae}}
         self.params = [p for p in self.vae.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, cfg.optim)
 
