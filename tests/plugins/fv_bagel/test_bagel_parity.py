@@ -218,3 +218,14 @@ def test_a_file_without_the_frozen_position_tables_gets_them_computed(tmp_path, 
     save_file(state, str(folder / "ema.safetensors"))
     with pytest.raises(WeightsError, match="vae2llm.bias"):
         load_net(folder, torch.float32, torch.device("cpu"))
+
+
+def test_position_tables_are_sin_cos_at_integer_grid_positions():
+    from fv_bagel.mot import sincos_2d
+
+    hidden, side = 16, 5
+    table = sincos_2d(hidden, side)
+    w = 10000.0 ** (-torch.arange(hidden // 4, dtype=torch.float64) / (hidden // 4))
+    for r, c in ((0, 0), (1, 3), (4, 2)):
+        want = torch.cat([torch.sin(c * w), torch.cos(c * w), torch.sin(r * w), torch.cos(r * w)]).float()
+        assert torch.allclose(table[r * side + c], want, atol=1e-6), (r, c)

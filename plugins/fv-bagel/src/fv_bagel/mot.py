@@ -275,10 +275,12 @@ class PositionEmbedding(nn.Module):
 
 
 def sincos_2d(hidden_size: int, side: int) -> torch.Tensor:
-    """The MAE-style 2-D sin-cos table ``[side * side, hidden]`` (diffusers' ``get_2d_sincos_pos_embed``)."""
+    """The MAE-style 2-D sin-cos table ``[side * side, hidden]`` at integer grid positions: row
+    ``r * side + c`` is ``[sin(c w), cos(c w), sin(r w), cos(r w)]``, ``w_i = 10000^(-4i / hidden)``
+    (diffusers' ``get_2d_sincos_pos_embed`` with ``base_size = side``, which leaves positions unscaled)."""
     from diffusers.models.embeddings import get_2d_sincos_pos_embed
 
-    return get_2d_sincos_pos_embed(hidden_size, side, output_type="pt").float()
+    return get_2d_sincos_pos_embed(hidden_size, side, base_size=side, output_type="pt").float()
 
 
 class MLPConnector(nn.Module):

@@ -19,7 +19,7 @@ import torch
 from fv_core.weights import cache_dir
 
 TINY_ID = "bagel-tiny"
-TINY_VERSION = "v1"  # bump when the configs, tokenizer or seed below change
+TINY_VERSION = "v2"  # bump when the configs, tokenizer or seed below change (v2: unscaled position tables)
 SEED = 20250520
 
 # Qwen2.5's special tokens in its own order (BAGEL uses <|im_start|>, <|im_end|>, <|vision_start|>,
