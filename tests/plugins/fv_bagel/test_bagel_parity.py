@@ -229,3 +229,15 @@ def test_position_tables_are_sin_cos_at_integer_grid_positions():
     for r, c in ((0, 0), (1, 3), (4, 2)):
         want = torch.cat([torch.sin(c * w), torch.cos(c * w), torch.sin(r * w), torch.cos(r * w)]).float()
         assert torch.allclose(table[r * side + c], want, atol=1e-6), (r, c)
+
+
+def test_timestep_features_are_cos_then_sin_of_t_times_geometric_frequencies(net):
+    """The embedder's input: ``[cos(t f), sin(t f)]``, ``f_i = 10000^(-i / 128)``, t the flow time in 0..1."""
+    from fv_bagel.mot import linear
+
+    te = net.time_embedder
+    t = torch.tensor([0.0, 0.37, 1.0])
+    f = torch.exp(-torch.log(torch.tensor(10000.0)) * torch.arange(128) / 128)
+    feats = torch.cat([torch.cos(t[:, None] * f), torch.sin(t[:, None] * f)], dim=-1)
+    want = linear(torch.nn.functional.silu(linear(feats, te.mlp[0], False)), te.mlp[2], False)
+    assert torch.allclose(te(t), want, atol=1e-6)
