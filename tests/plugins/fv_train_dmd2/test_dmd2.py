@@ -14,7 +14,7 @@ import fv_core
 from fv_core import ConfigError, Profile, WorkUnitKind
 from fv_core.loop import Done, run_plan
 from fv_core.plugins import PluginHost
-from fv_core.training import Consistency, Role, train, train_adapter, validate
+from fv_core.training import Consistency, Role, check_c2, rollout, train, train_adapter, validate
 from fv_train_dmd2 import plugin
 from fv_train_dmd2.config import DMD2Options
 from fv_train_dmd2.method import DMD2Method
@@ -142,3 +142,30 @@ def test_c2_student_train_forward_equals_the_served_cards_steps_bit_for_bit(prom
             checked += 1
         state = loop.advance(state, result)
     assert checked == 2
+
+
+def test_c2_on_a_recorded_rollout_of_the_student_card(prompts, tmp_path):
+    """C2 gate on BehaviorRecords: a rollout of the served 2-step card records each denoise step's
+    inputs and velocity; every recorded step replays bit for bit under the train profile
+    (``check_c2``), and the method's train-profile x0 on the recorded inputs is the served sampler's
+    x0 exactly (its schedule is the record's)."""
+    card, prompt = "wan2.1-t2v-shapes-2step", "a green circle moving down"
+    served_model = fv_core.load(card)
+    (run,) = rollout(served_model, [{"prompt": prompt, "seed": 5}], batching=False)
+    record = run.record
+    assert torch.equal(record.schedule["timesteps"], torch.tensor([1000, 750]))
+    method = DMD2Method(validate(dmd2_config(tmp_path, prompts, steps=1, teacher=card)))
+    assert torch.equal(method.sigmas, record.schedule["sigmas"])
+    method.adapter = train_adapter(served_model)  # the served weights themselves (see the test above)
+    method.roles[Role.STUDENT]["transformer"] = served_model.instance.component("transformer")
+    method.student.requires_grad_(True)
+    embeds = method.adapter.conditioning([prompt])
+    denoise = [i for i, s in enumerate(record.steps) if s.kind == WorkUnitKind.DIFFUSION_STEP.value]
+    assert len(denoise) == 2
+    for k, index in enumerate(denoise):
+        step = record.steps[index]
+        check_c2(served_model, record, index, ["velocity"])
+        latents, velocity = step.inputs["latents"], step.outputs["velocity"]
+        x0 = method.student_x0(latents, k, embeds, train=True)
+        assert x0.requires_grad
+        assert torch.equal(x0.detach(), latents - record.schedule["sigmas"][k] * velocity), k
