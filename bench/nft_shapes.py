@@ -26,16 +26,18 @@ RESULTS = REPO / "bench/results"
 TARGETS = {"held_out_shape@g1": 0.95, "shape@g4": 0.90, "start_spread_ratio": 0.8}
 
 
-def run_log(config: Path) -> dict[str, Any]:
-    """A run's per-step scalars, its evals and its summary (if it finished)."""
-    cfg = load_config(config)
-    run = REPO / cfg.output_dir
+def run_log(config: Path | None, run: Path | None = None) -> dict[str, Any]:
+    """A run's per-step scalars, its evals and its summary (if it finished): the run of ``config``,
+    or the output folder ``run`` of an earlier attempt."""
+    if run is None:
+        assert config is not None
+        run = REPO / load_config(config).output_dir
     rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else None
     steps = [r for r in rows if "loss" in r]
     return {
-        "config": str(config.relative_to(REPO)),
-        "output_dir": str(cfg.output_dir),
+        "config": str(config.relative_to(REPO)) if config else None,
+        "output_dir": str(run.relative_to(REPO)) if run.is_relative_to(REPO) else str(run),
         "steps_done": steps[-1]["step"] if steps else 0,
         "wall_s": steps[-1]["time_s"] if steps else None,
         "seconds_per_step": round(steps[-1]["time_s"] / steps[-1]["step"], 2) if steps else None,
@@ -126,10 +128,17 @@ def main() -> None:
     ap.add_argument("--control-weights", help="control model folder (default: <control run>/final)")
     ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--reuse", action="append", default=[], help="NAME=report.json from `fv eval -o`")
+    ap.add_argument(
+        "--attempt", action="append", default=[], help="NAME=RUN_DIR of an earlier run (curves only)"
+    )
+    ap.add_argument("--note", action="append", default=[], help="NAME=text recorded under notes")
     ap.add_argument("--out", default=str(RESULTS / "nft_shapes.json"))
     args = ap.parse_args()
 
     runs = {"nft": run_log(Path(args.nft)), "control": run_log(Path(args.control))}
+    for item in args.attempt:
+        name, folder = item.split("=", 1)
+        runs[name] = run_log(None, Path(folder).resolve())
     control_weights = args.control_weights or str(REPO / runs["control"]["output_dir"] / "final")
     models = {
         "parent": ("wan2.1-t2v-shapes", None),
@@ -137,6 +146,10 @@ def main() -> None:
         "control": ("wan2.1-t2v-shapes", control_weights),
     }
     reused = dict(item.split("=", 1) for item in args.reuse)
+    for name in reused:  # an extra model (an intermediate checkpoint, say): its report only
+        models.setdefault(
+            name, ("wan2.1-t2v-shapes", json.loads(Path(reused[name]).read_text()).get("weights"))
+        )
     reports = {}
     for name, (card, weights) in models.items():
         if name in reused:
@@ -152,6 +165,7 @@ def main() -> None:
         "nft_verdict": verdict(tables["parent"], tables["nft"]),
         "control_verdict": verdict(tables["parent"], tables["control"]),
         "training": runs,
+        "notes": dict(item.split("=", 1) for item in args.note),
         "reports": reports,
     }
     out = Path(args.out)

@@ -239,6 +239,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
         ({"prompts_file": "p.txt"}, "exactly one of prompts"),
         ({"train_timesteps": 9}, "train_timesteps=9 exceeds"),
         ({"beta": 0}, "beta"),
+        ({"max_level": 1.5}, "max_level"),
         ({"reward": {"name": "shapes-detector", "options": {"weights": {"size": 1}}}}, "weights"),
     ],
 )

@@ -35,6 +35,9 @@ class NftOptions(StrictModel):
     # the noise levels trained on: ``rollout_steps`` uniform levels from 1 down, shifted by this as the
     # flow sampler shifts its schedule (3.0: the shapes card's own; 1.0: the uniform grid)
     flow_shift: float = Field(3.0, gt=0)
+    # the highest level before the shift (1.0: the whole schedule, as published; lower trains only
+    # where x_t already fixes the layout, so the r-weighted pulls act on details, not on positions)
+    max_level: float = Field(1.0, gt=0, le=1)
     train_timesteps: int | None = Field(None, gt=0)  # levels per sample (None: floor(0.99 * rollout_steps))
     max_sequence_length: int | None = Field(None, gt=0)  # prompt padding (default: the card's)
     beta: float = Field(1.0, gt=0)  # v+ = (1-beta) v_old + beta v, v- = (1+beta) v_old - beta v

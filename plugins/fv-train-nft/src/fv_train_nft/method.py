@@ -106,7 +106,7 @@ class NftMethod:
         for module in self.roles[Role.STUDENT].values():
             module.train()
         self.opt = make_optimizer(self.trainable(), cfg.optim)
-        self.sigmas = schedule(self.opts.rollout_steps, self.opts.flow_shift)
+        self.sigmas = schedule(self.opts.rollout_steps, self.opts.flow_shift, self.opts.max_level)
         self.levels = self.opts.train_timesteps or max(1, math.floor(0.99 * self.opts.rollout_steps))
         if self.levels > len(self.sigmas):
             raise ConfigError(
@@ -307,13 +307,13 @@ class NftMethod:
                         "prompts_per_step": o.prompts_per_step, "group_size": o.group_size},
             "beta": o.beta, "kl_weight": o.kl_weight, "adv_clip_max": o.adv_clip_max,
             "old_decay": {"rate": o.eta_rate, "max": o.eta_max, "flat": o.eta_flat},
-            "train_timesteps": self.levels, "steps": self.cfg.steps, "seed": self.cfg.seed,
+            "train_timesteps": self.levels, "flow_shift": o.flow_shift, "max_level": o.max_level, "steps": self.cfg.steps, "seed": self.cfg.seed,
         }  # fmt: skip
         self.adapter.export(folder, self.roles[Role.STUDENT], recipe)
 
 
-def schedule(steps: int, shift: float) -> torch.Tensor:
-    """The rollout schedule's noise levels: ``steps`` uniform levels from 1 down, shifted as the flow
-    sampler shifts them (``s * u / (1 + (s - 1) * u)``); the levels the loss trains on."""
-    u = torch.linspace(1.0, 0.0, steps + 1)[:-1]
+def schedule(steps: int, shift: float, top: float = 1.0) -> torch.Tensor:
+    """The noise levels the loss trains on: ``steps`` uniform levels from ``top`` down (1: the rollout
+    schedule's), shifted as the flow sampler shifts them (``s * u / (1 + (s - 1) * u)``)."""
+    u = torch.linspace(top, 0.0, steps + 1)[:-1]
     return shift * u / (1 + (shift - 1) * u)
