@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -192,9 +191,7 @@ def test_pipeline_runs_all_guidance_branches(pipe, tiny_path):
     calls = []
     hook = pipe.transformer.register_forward_hook(lambda module, args, output: calls.append(1))
     try:
-        start = time.perf_counter()
         out = generate(pipe)
-        elapsed = time.perf_counter() - start
     finally:
         hook.remove()
 
@@ -205,7 +202,6 @@ def test_pipeline_runs_all_guidance_branches(pipe, tiny_path):
     assert video.std() > 0.01
     assert audio.shape == (1, 2, expected_audio_samples(tiny_path))
     assert torch.isfinite(audio).all() and audio.abs().max() <= 1.0
-    assert elapsed < 10.0  # ~0.1 s on an idle CPU; generous for loaded CI machines
 
 
 def test_latent_shapes(pipe):
