@@ -10,6 +10,7 @@ CARDS = {
     "wan2.1-t2v-shapes": "fv_wan.cards:wan_shapes",
     "wan2.1-t2v-shapes-1step": "fv_wan.cards:wan_shapes_1step",
     "wan2.1-t2v-shapes-2step": "fv_wan.cards:wan_shapes_2step",
+    "wan2.1-t2v-shapes-nft": "fv_wan.cards:wan_shapes_nft",
     "wan2.1-t2v-1.3b": "fv_wan.cards:wan_1_3b",
     "wan2.1-t2v-14b": "fv_wan.cards:wan_14b",
     "fastwan2.1-t2v-1.3b": "fv_wan.cards:fastwan_1_3b",
