@@ -413,8 +413,9 @@ def wan_shapes_nft() -> ModelCard:
         "its transformer; the VAE, text encoder, tokenizer and scheduler are its parent's files. "
         "90 NFT steps (31 min on 2 shared CPU cores). Measured (30 UniPC steps, 128 prompts; "
         "bench/results/nft_shapes.json): guidance 1 shape 0.95 (parent 0.92), held-out shape 0.92 "
-        "(0.83), guidance 4 shape 0.70 (0.66), colour and direction 1.00, start spread 0.75x the "
-        "parent's (RL narrows where the object starts); the targets (0.95 / 0.90 / 0.8x) are not met.",
+        "(0.83), guidance 4 shape 0.70 (0.66), colour and direction 1.00, start spread 0.75x / 0.72x the "
+        "parent's at guidance 1 / 4 (RL narrows where the object starts); the targets (0.95 / 0.90 / "
+        "0.8x) are not met.",
         loops,
         recipe,
         defaults=dict(
