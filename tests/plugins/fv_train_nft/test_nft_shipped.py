@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 import fv_core
+from fv_core import WorkUnitKind
+from fv_core.training import check_c2, rollout
 
 
 def test_nft_card_ships_only_its_transformer_and_shares_the_parents_files():
@@ -30,3 +32,16 @@ def test_nft_card_ships_only_its_transformer_and_shares_the_parents_files():
     assert any(not torch.equal(mine[k], base[k]) for k in base)  # NFT changed it
     video = model.generate(prompt="a red square moving left", num_inference_steps=4, seed=1)
     assert video.frames.shape == (9, 64, 64, 3)
+
+
+def test_c2_on_recorded_rollout_steps_of_the_shipped_card():
+    """The C2 gate on BehaviorRecords: a rollout of the NFT card through the engine (as the method's
+    old policy rolls out), each recorded denoise step replayed on the live weights under the train
+    profile equals the serve profile bit for bit on the velocity NFT trains on."""
+    model = fv_core.load("wan2.1-t2v-shapes-nft")
+    [ro] = rollout(model, [dict(prompt="a green square moving up", seed=4, num_inference_steps=3)])
+    denoise = [i for i, s in enumerate(ro.record.steps) if s.kind == WorkUnitKind.DIFFUSION_STEP.value]
+    assert len(denoise) == 3
+    for i in denoise:
+        trained = check_c2(model, ro.record, i, ["velocity"])["velocity"]
+        assert trained.requires_grad and torch.equal(trained.detach(), ro.record.steps[i].outputs["velocity"])
