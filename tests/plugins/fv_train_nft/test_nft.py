@@ -85,6 +85,8 @@ def test_steps_give_finite_losses_and_move_only_the_student(stepped):
     assert all(torch.equal(a, b) for a, b in zip(start[Role.REFERENCE], reference, strict=True))
     # the rollout model's live transformer is the old role (the engine samples with its weights)
     assert method.adapter.module("transformer") is method.roles[Role.OLD]["transformer"]
+    # and step 1's rollouts ran on the old policy after step 0's update (its bumped weights version)
+    assert method.versions == ["nft-old-1"] * 4 and method.old_version == "nft-old-2"
 
 
 def test_old_policy_moves_by_the_decay_rule_exactly(stepped):

@@ -74,9 +74,10 @@ class NftMethod:
             RoleSpec(Role.REFERENCE, holds=TRAINED),
         ),
         consistency=Consistency.C2_FREE,
-        # read from each rollout: its seed, schedule, conditioning and weights version (the clean
-        # latents are the rollout's output; no per-step predictions or log-probabilities)
-        record_fields=("seed", "schedule", "conditioning", "weights_versions"),
+        # per rollout: its seed (chosen by the method) and the transformer weights version it ran on
+        # (checked to be the old policy's); the samples are the rollouts' clean latents - no per-step
+        # predictions or log-probabilities
+        record_fields=("seed", "weights_versions"),
     )
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -106,6 +107,8 @@ class NftMethod:
         for module in self.roles[Role.STUDENT].values():
             module.train()
         self.opt = make_optimizer(self.trainable(), cfg.optim)
+        self.old_version: str | None = None  # the rollout model's transformer version (None: as loaded)
+        self.versions: list[str | None] = []  # the transformer version each of the last videos ran on
         self.sigmas = schedule(self.opts.rollout_steps, self.opts.flow_shift, self.opts.max_level)
         self.levels = self.opts.train_timesteps or max(1, math.floor(0.99 * self.opts.rollout_steps))
         if self.levels > len(self.sigmas):
@@ -130,7 +133,8 @@ class NftMethod:
     def generate(
         self, model: Any, prompts: list[str], seeds: list[int], steps: int, guidance: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(clean latents [N, ...], frames [N, F, H, W, 3]) of ``model`` through the serve engine."""
+        """(clean latents [N, ...], frames [N, F, H, W, 3]) of ``model`` through the serve engine;
+        ``self.versions`` the transformer weights version each ran on."""
         base = self.request_params(steps, guidance)
         jobs = [
             model.job(model.prepare({**base, "prompt": p, "seed": s}))
@@ -142,6 +146,7 @@ class NftMethod:
             [r.outputs["latents"].reshape(1, *r.outputs["latents"].shape[-4:]) for r in results]
         )
         frames = torch.stack([r.outputs["frames"] for r in results])
+        self.versions = [r.metrics.get("weights_versions", {}).get("transformer") for r in results]
         return latents.clone(), frames.clone()
 
     def rollout(self, step: int) -> dict[str, Any]:
@@ -153,6 +158,11 @@ class NftMethod:
         base = 10_000 + (self.cfg.seed * 7919 + step) * SEED_STRIDE
         seeds = [base + i for i in range(len(prompts))]
         latents, frames = self.generate(self.model, prompts, seeds, self.opts.rollout_steps, 1.0)
+        if self.old_version is not None and set(self.versions) != {self.old_version}:
+            raise RuntimeError(
+                f"rollouts ran on transformer versions {sorted(map(str, set(self.versions)))}, not the old "
+                f"policy's {self.old_version!r}"
+            )
         rewards = self.reward(frames, prompts).float()
         adv = advantages(rewards, groups, self.opts.global_std)
         return {
@@ -241,7 +251,8 @@ class NftMethod:
                 f"{self.model.card.model_id!r}'s instance has no set_weights_version: its caches cannot "
                 "follow the old policy's updates. Fix: train a card whose family supports weight versions"
             )
-        bump("transformer", f"nft-old-{done}")
+        self.old_version = f"nft-old-{done}"
+        bump("transformer", self.old_version)
 
     # ---- evaluation ----
 
@@ -294,7 +305,8 @@ class NftMethod:
     def model_version(self, step: int | None) -> None:
         bump = getattr(self.model.instance, "set_weights_version", None)
         if bump is not None:
-            bump("transformer", f"nft-old-{step if step is not None else 'resumed'}")
+            self.old_version = f"nft-old-{step if step is not None else 'resumed'}"
+            bump("transformer", self.old_version)
 
     def export(self, folder: Path) -> None:
         """The student's transformer over the starting checkpoint, with the recipe."""
