@@ -20,6 +20,7 @@ from fv_core.training.config import (
     StrictModel,
     TrainConfig,
     load_config,
+    read_prompts,
     validate,
     validate_options,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "load_reward",
     "make_optimizer",
     "plot_loss",
+    "read_prompts",
     "push_weights",
     "records_equal",
     "replay_call",

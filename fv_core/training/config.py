@@ -97,3 +97,19 @@ def validate_options(schema: type[Options], options: dict[str, Any], method: str
         raise ConfigError(
             explain(exc, f"invalid options of method {method!r}", schema.model_fields)
         ) from None
+
+
+def read_prompts(path: str | Path, option: str = "options.prompts") -> list[str]:
+    """The prompts of a text file: one per non-empty line, ``#`` lines are comments. ``option``
+    names the config field in errors."""
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines()]
+    except OSError as exc:
+        raise ConfigError(
+            f"{option}={str(path)!r} cannot be read ({exc}). Fix: point it at a text file with one "
+            "prompt per line (e.g. configs/shapes/prompts.txt)"
+        ) from None
+    prompts = [line for line in lines if line and not line.startswith("#")]
+    if not prompts:
+        raise ConfigError(f"{option}={str(path)!r} holds no prompts. Fix: write one prompt per line into it")
+    return prompts

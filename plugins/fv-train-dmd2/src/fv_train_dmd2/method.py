@@ -45,6 +45,7 @@ from fv_core.training import (
     TrainConfig,
     load_optimizer,
     make_optimizer,
+    read_prompts,
     save_optimizer,
     set_lr,
     train_adapter,
@@ -296,20 +297,3 @@ class DMD2Method:
     def export(self, folder: Path) -> None:
         """The teacher's checkpoint with the student's transformer, and the recipe."""
         self.adapter.export(folder, {"transformer": self.student}, self.recipe())
-
-
-def read_prompts(path: Path) -> list[str]:
-    """Non-empty lines of the prompts file (lines starting with ``#`` are comments)."""
-    try:
-        lines = [line.strip() for line in Path(path).read_text().splitlines()]
-        prompts = [line for line in lines if line and not line.startswith("#")]
-    except OSError as exc:
-        raise ConfigError(
-            f"options.prompts={str(path)!r} cannot be read ({exc}). Fix: point it at a text file with one "
-            "prompt per line (e.g. configs/shapes/prompts.txt)"
-        ) from None
-    if not prompts:
-        raise ConfigError(
-            f"options.prompts={str(path)!r} holds no prompts. Fix: write one prompt per line into it"
-        )
-    return prompts

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from fv_core.training import StrictModel
+from fv_core.training import read_prompts as read_file_prompts
 
 
 class RewardSpec(StrictModel):
@@ -67,10 +68,6 @@ class NftOptions(StrictModel):
         return self
 
 
-def read_prompts(inline: list[str], path: Path | None) -> list[str]:
-    """The inline prompts, else the file's non-empty, non-comment lines."""
-    if path is None:
-        return list(inline)
-    return [
-        s for line in Path(path).read_text().splitlines() if (s := line.strip()) and not s.startswith("#")
-    ]
+def read_prompts(inline: list[str], path: Path | None, option: str) -> list[str]:
+    """The inline prompts, else the file's (``fv_core.training.read_prompts``)."""
+    return list(inline) if path is None else read_file_prompts(path, option)

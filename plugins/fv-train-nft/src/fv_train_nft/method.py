@@ -82,12 +82,14 @@ class NftMethod:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg, self.opts = cfg, validate_options(NftOptions, cfg.options, "nft")
-        self.prompts = read_prompts(self.opts.prompts, self.opts.prompts_file)
+        self.prompts = read_prompts(self.opts.prompts, self.opts.prompts_file, "options.prompts_file")
         if not self.prompts:
             raise ConfigError(
                 f"options.prompts_file={str(self.opts.prompts_file)!r} holds no prompts. Fix: one per line"
             )
-        eval_prompts = read_prompts(self.opts.eval_prompts, self.opts.eval_prompts_file)
+        eval_prompts = read_prompts(
+            self.opts.eval_prompts, self.opts.eval_prompts_file, "options.eval_prompts_file"
+        )
         self.eval_prompts = eval_prompts or self.prompts
         torch.manual_seed(cfg.seed)
         self.reward = load_reward(self.opts.reward.name, **self.opts.reward.options)
