@@ -115,7 +115,7 @@ def plot(report: dict[str, Any], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     timing = report["step_time"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5))
     names = list(timing)
     left.bar(names, [timing[n]["step_s_median"] for n in names], color="tab:blue")
     left.set_ylabel("seconds per training step (median)")
@@ -130,21 +130,31 @@ def plot(report: dict[str, Any], png: Path) -> None:
         right.set_xticks([i + 0.4 - width / 2 for i in range(3)], axes)
         right.set_ylim(0, 1.05)
         right.set_title("fv eval accuracy, held-out combinations")
-        right.legend(fontsize=7, loc="lower left")
+        right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
 
 
 def quality_rows(quality: dict[str, Any]) -> list[dict[str, Any]]:
-    """(label, held-out colour / shape / direction) per row of the methods' ``table``s."""
+    """(label, held-out colour / shape / direction) per evaluated cell: DMD2's ``table`` rows and
+    NFT's per-model tables (parent, NFT, control; guidance 1 and 4)."""
+    tables = [quality["dmd2"].get("table", [])] if "dmd2" in quality else []
+    tables += [  # the parent is DMD2's teacher row already at guidance 1
+        [
+            {"card": f"nft run: {name}", **row}
+            for row in model["table"]
+            if name != "parent" or row["guidance"] != 1
+        ]
+        for name, model in quality.get("nft", {}).get("models", {}).items()
+    ]
     return [
         {
             "label": f"{row['card']} ({row['steps']} steps, g{row['guidance']:g})",
             **{axis: row[f"held_out_{axis}"] for axis in ("colour", "shape", "direction")},
         }
-        for report in quality.values()
-        for row in report.get("table", [])
+        for table in tables
+        for row in table
     ]
 
 
@@ -161,10 +171,11 @@ def main() -> None:
         for name in CONFIGS:
             cfg, method = build(name, Path(tmp), args.smoke)
             reps = max(1, repeats // 2) if name == "nft" else repeats  # an NFT step rolls out videos
-            timing[name] = {
-                "batch_size": cfg.batch_size,
-                **summarise(time_steps(method.step, 1, reps), cfg.batch_size),
-            }
+            # an NFT step's samples are its rollouts (prompts x group), trained on in batches of batch_size
+            opts = method.opts
+            samples = opts.prompts_per_step * opts.group_size if name == "nft" else cfg.batch_size
+            timing[name] = {"batch_size": cfg.batch_size, "samples_per_step": samples}
+            timing[name] |= summarise(time_steps(method.step, 1, reps), samples)
             print(name, timing[name], flush=True)
     batch = timing["flow"]["batch_size"]
     peer = time_steps(plain_flow_step(batch, 16), 1, repeats)
