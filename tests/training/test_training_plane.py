@@ -164,3 +164,22 @@ def test_fv_train_describe_prints_the_method_spec(tmp_path, capsys):
     spec = json.loads(capsys.readouterr().out)
     assert spec["consistency"] == "C1"
     assert spec["roles"]["student"]["trains"] == ["transformer", "text_encoder"]
+
+
+def test_export_of_a_student_sharing_its_parents_files_is_self_contained(tmp_path):
+    """The NFT card ships only its transformer and points at the parent's other folders; an export
+    from it copies those in (no relative links left), and loads by path alone."""
+    adapter = train_adapter(fv_core.load("wan2.1-t2v-shapes-nft"))
+    adapter.export(tmp_path / "out", {}, {"method": "test"})
+    index = json.loads((tmp_path / "out" / "model_index.json").read_text())
+    assert "_fv_shared" not in index
+    assert {"vae", "text_encoder", "tokenizer", "scheduler", "transformer"} <= {
+        p.name for p in (tmp_path / "out").iterdir()
+    }
+    # by path alone the card pads prompts as Wan's pipeline does (512); the shapes cards pad to 16
+    copy = train_adapter(fv_core.load(weights=tmp_path / "out"), max_sequence_length=16)
+    embeds = adapter.conditioning(["a red circle moving left"])
+    assert torch.equal(copy.conditioning(["a red circle moving left"]), embeds)
+    latents, sigma = adapter.noise(1, torch.Generator().manual_seed(0)), torch.tensor([0.5])
+    expected = adapter.velocity(adapter.module("transformer"), latents, sigma, embeds)
+    assert torch.equal(copy.velocity(copy.module("transformer"), latents, sigma, embeds), expected)

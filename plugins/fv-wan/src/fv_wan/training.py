@@ -18,6 +18,7 @@ import torch
 
 from fv_core import ConfigError, LoadedModel, WorkPlan, WorkUnitKind
 from fv_core.training import run_body
+from fv_wan.checkpoint import SHARED_KEY, component_dir
 from fv_wan.conditioning import encode_condition_body
 from fv_wan.loop import clean_prompt, decode_body, denoise_body, encode_body, text_kv_body
 from fv_wan.tiny import WAN_SCHEDULER_CONFIG, word_tokenizer, write_pipeline_files
@@ -96,10 +97,13 @@ class WanTrainAdapter:
         return run_body(plan, False)["frames"]
 
     def export(self, folder: Path, modules: dict[str, torch.nn.Module], recipe: dict[str, Any]) -> None:
-        folder = Path(folder)
-        shutil.copytree(
-            self.model.weights, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns(RECIPE_FILE)
-        )
+        """Self-contained: components a source student shares with its parent are copied in."""
+        folder, source = Path(folder), Path(self.model.weights)
+        shutil.copytree(source, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns(RECIPE_FILE))
+        index = json.loads((folder / "model_index.json").read_text())
+        for name in index.pop(SHARED_KEY, {}):
+            shutil.copytree(component_dir(source, name), folder / name, dirs_exist_ok=True)
+        (folder / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
         for name, module in modules.items():
             shutil.rmtree(folder / name, ignore_errors=True)
             module.save_pretrained(folder / name, safe_serialization=True)
