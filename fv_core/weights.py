@@ -48,10 +48,22 @@ def refuse_pickles(folder: Path) -> None:
         )
 
 
+SHARED_KEY = "_fv_shared"  # model_index.json: component -> its folder, relative to the checkpoint
+
+
+def component_folder(folder: Path, sub: str) -> Path:
+    """Where the checkpoint ``folder`` keeps its component subfolder ``sub``: ``folder/sub``, or where
+    model_index.json's ``_fv_shared`` maps it (a student shipping only its transformer maps its VAE,
+    text encoder, tokenizer and scheduler to its parent's: ``{"vae": "../shapes/vae"}``)."""
+    index = folder / "model_index.json"
+    shared = (json.loads(index.read_text()).get(SHARED_KEY) or {}) if index.is_file() else {}
+    return folder / shared.get(sub, sub)
+
+
 def load_component(folder: Path, name: str, spec: ComponentSpec, dtype: torch.dtype = torch.float32) -> Any:
     """Component ``name`` of the checkpoint ``folder``: its class's ``from_pretrained`` on its subfolder
     (a scheduler is its config dict)."""
-    sub = folder / (spec.subfolder or name)
+    sub = component_folder(folder, spec.subfolder or name)
     if not sub.is_dir():
         raise WeightsError(
             f"{str(folder)!r} has no {sub.name}/ folder for component {name!r}. "
@@ -74,7 +86,7 @@ def load_component(folder: Path, name: str, spec: ComponentSpec, dtype: torch.dt
 def weights_fingerprint(folder: Path, name: str) -> str:
     """A short content fingerprint of one component's safetensors: each file's name, size, header and
     first MiB of tensor data (cheap at any size; changes when weights are re-saved with new values)."""
-    return _fingerprint(sorted((folder / name).glob("*.safetensors")))
+    return _fingerprint(sorted(component_folder(folder, name).glob("*.safetensors")))
 
 
 def file_fingerprint(path: Path) -> str:
@@ -133,7 +145,7 @@ def bind_card(registries: Registries, card: ModelCard, folder: Path) -> ModelCar
     for name, spec in card.components.items():
         sub = spec.subfolder or name
         file = f"{sub}/{'scheduler_config.json' if spec.kind == 'scheduler' else 'config.json'}"
-        config = _read_json(folder / file) if spec.config else {}
+        config = _read_json(component_folder(folder, sub) / file.split("/", 1)[1]) if spec.config else {}
         checks += [(file, key, want, config.get(key)) for key, want in spec.config.items()]
     wrong = [c for c in checks if not (c[3] in c[2] if isinstance(c[2], list) else c[3] == c[2])]
     if wrong:

@@ -11,6 +11,7 @@ import pytest
 
 import fv_core
 from fv_core import RecipeLoopMismatch
+from fv_core.weights import component_folder
 
 STUDENTS = {1: [1000], 2: [1000, 750]}
 
@@ -40,7 +41,7 @@ def test_ships_only_its_transformer_and_shares_the_parents_files(student):
     folder, parent = Path(model.weights), Path(fv_core.load("wan2.1-t2v-shapes").weights)
     assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["transformer"]
     for name in ("vae", "text_encoder", "tokenizer", "scheduler"):
-        assert (folder / model.card.components[name].subfolder).resolve() == (parent / name).resolve()
+        assert component_folder(folder, name).resolve() == (parent / name).resolve()
     assert (
         model.instance.weights_versions["vae"]
         == fv_core.load("wan2.1-t2v-shapes").instance.weights_versions["vae"]
@@ -60,3 +61,16 @@ def test_refuses_other_step_counts_and_samplers(student):
         model.prepare({"prompt": "a cat", "num_inference_steps": 30})
     with pytest.raises(RecipeLoopMismatch, match="dmd"):
         model.prepare({"prompt": "a cat", "sampler": "unipc"})
+
+
+def test_a_student_card_runs_on_a_retrained_self_contained_folder(student, tmp_path):
+    """`fv eval --model wan2.1-t2v-shapes-2step --weights <a run's final/>`: the card binds to a folder
+    holding every component itself as to the shipped one that shares its parent's."""
+    from fv_core.training import train_adapter
+
+    _, model = student
+    train_adapter(model).export(tmp_path / "final", {}, {"method": "test"})
+    again = fv_core.load(model.card.model_id, tmp_path / "final")
+    assert again.instance.weights_versions == model.instance.weights_versions
+    first = model.generate(prompt="a red circle moving left", seed=1).frames
+    assert np.array_equal(again.generate(prompt="a red circle moving left", seed=1).frames, first)

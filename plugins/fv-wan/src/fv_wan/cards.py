@@ -112,18 +112,17 @@ def components(
     config: dict[str, dict] | None = None,
     tasks: tuple[str, ...] = T2V_TASKS,
     optional: tuple[str, ...] = (),
-    shared: dict[str, str] | None = None,
 ) -> dict[str, ComponentSpec]:
     """Wan's five components in the diffusers layout plus the ``optional`` ones the variant has;
-    ``config``: what each must hold (see ``architecture``); ``shared``: components whose folder is
-    another checkpoint's, relative to this one (a student sharing its parent's files)."""
-    config, shared = config or {}, shared or {}
+    ``config``: what each must hold (see ``architecture``). A folder may keep some of them in its
+    parent's folder (model_index.json's ``_fv_shared``: ``fv_core.weights.component_folder``)."""
+    config = config or {}
 
     def spec(kind: str, load_id: str, folder: str) -> ComponentSpec:
         return ComponentSpec(
             kind=kind,
             load_id=load_id,
-            subfolder=shared.get(folder, folder),
+            subfolder=folder,
             required_for=set(tasks),
             resident_for=set(tasks),
             config=config.get(folder, {}),
@@ -181,11 +180,9 @@ def wan_card(
     default_weights: str | None = None,
     tasks: tuple[str, ...] = T2V_TASKS,
     optional: tuple[str, ...] = (),
-    shared: dict[str, str] | None = None,
 ) -> ModelCard:
     """``kv_capacity``: prompts whose per-block text keys/values stay cached (blocks x 2 x 512 x dim each);
-    ``tasks``: the variant's tasks; ``optional``: the optional components its folder has; ``shared``:
-    components in another checkpoint's folder (see ``components``)."""
+    ``tasks``: the variant's tasks; ``optional``: the optional components its folder has."""
     pipeline = "WanImageToVideoPipeline" if tasks == I2V_TASKS else "WanPipeline"
     text_loop = next((loop for loop in loops if loop != "i2v"), "t2v")
     return ModelCard(
@@ -193,7 +190,7 @@ def wan_card(
         family="wan",
         description=description,
         programs=programs(tasks, text_loop, **defaults),
-        components=components(config, tasks, optional, shared),
+        components=components(config, tasks, optional),
         loops=loops,
         recipe=recipe,
         pipeline=pipeline,
@@ -318,8 +315,7 @@ def wan_shapes() -> ModelCard:
 
 
 SHAPES_TIMESTEPS = {1: [1000], 2: [1000, 750]}  # the DMD2 students' fixed timesteps
-# the students ship only their transformer: the rest is the parent's files (see fv_wan.checkpoint)
-SHAPES_SHARED = {name: f"../shapes/{name}" for name in ("vae", "text_encoder", "tokenizer", "scheduler")}
+# the students ship only their transformer: their model_index.json maps the rest to ../shapes/
 
 
 def shapes_student_weights(steps: int) -> str:
@@ -375,7 +371,6 @@ def shapes_student(steps: int) -> ModelCard:
         # one or two distilled steps: nothing to skip or reuse
         interceptors=set(),
         default_weights=f"fv_wan.cards:shapes_{steps}step_weights",
-        shared=SHAPES_SHARED,
     )
 
 
@@ -432,7 +427,6 @@ def wan_shapes_nft() -> ModelCard:
         kv_capacity=64,
         interceptors={"step_skip", "block_skip"},
         default_weights="fv_wan.cards:shapes_nft_weights",
-        shared=SHAPES_SHARED,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from fv_core import WeightsError
-from fv_core.weights import refuse_pickles
+from fv_core.weights import component_folder, refuse_pickles
 
 EXPECTED_LAYOUT = """\
   model_index.json
@@ -28,7 +28,6 @@ and, where model_index.json lists them (Wan2.1 I2V; Wan2.2 A14B):
   transformer_2/    like transformer/ (the low-noise expert)
 A distilled student may ship only its transformer/: model_index.json's "_fv_shared" then maps each
 component it shares with its parent to that folder, relative to this one ({"vae": "../shapes/vae"})."""
-SHARED_KEY = "_fv_shared"  # model_index.json: component -> its folder, relative to this checkpoint
 
 WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder")
 BASE_COMPONENTS = [*WEIGHT_FOLDERS, "tokenizer", "scheduler"]
@@ -57,12 +56,9 @@ def pipeline_index(folder: Path) -> dict[str, Any]:
 
 
 def component_dir(folder: Path, name: str) -> Path:
-    """Where component ``name`` of the checkpoint ``folder`` lives: ``folder/name``, or the folder
-    model_index.json's ``_fv_shared`` maps it to (a distilled student sharing its parent's VAE, text
-    encoder, tokenizer and scheduler files). ``name`` may be a card's subfolder path (``../shapes/vae``)."""
-    index = folder / "model_index.json"
-    shared = (json.loads(index.read_text()).get(SHARED_KEY) or {}) if index.is_file() else {}
-    return folder / shared.get(name, name)
+    """Where component ``name`` of the checkpoint ``folder`` lives (``fv_core.weights.component_folder``:
+    its own subfolder, or a parent's it shares)."""
+    return component_folder(folder, name)
 
 
 def listed_components(folder: Path) -> list[str]:

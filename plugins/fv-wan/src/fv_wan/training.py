@@ -18,7 +18,7 @@ import torch
 
 from fv_core import ConfigError, LoadedModel, WorkPlan, WorkUnitKind
 from fv_core.training import run_body
-from fv_wan.checkpoint import SHARED_KEY, component_dir
+from fv_core.weights import SHARED_KEY, component_folder
 from fv_wan.conditioning import encode_condition_body
 from fv_wan.loop import clean_prompt, decode_body, denoise_body, encode_body, text_kv_body
 from fv_wan.tiny import WAN_SCHEDULER_CONFIG, word_tokenizer, write_pipeline_files
@@ -102,7 +102,7 @@ class WanTrainAdapter:
         shutil.copytree(source, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns(RECIPE_FILE))
         index = json.loads((folder / "model_index.json").read_text())
         for name in index.pop(SHARED_KEY, {}):
-            shutil.copytree(component_dir(source, name), folder / name, dirs_exist_ok=True)
+            shutil.copytree(component_folder(source, name), folder / name, dirs_exist_ok=True)
         (folder / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
         for name, module in modules.items():
             shutil.rmtree(folder / name, ignore_errors=True)
