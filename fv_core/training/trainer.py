@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from fv_core.errors import ConfigError
 from fv_core.training.config import OptimConfig, TrainConfig
 from fv_core.training.method import TrainMethod
 
@@ -29,6 +31,8 @@ def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[
     Logged ``time_s`` and the summary's ``wall_s`` are cumulative over resumed segments."""
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.sync is not None:
+        _check_sync(cfg, method)
     start, before = _resume(out, method)
     log = (out / "log.jsonl").open("a")
     t0, last = time.perf_counter(), {}
@@ -68,8 +72,6 @@ def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[
 def push_role(cfg: TrainConfig, method: TrainMethod, step: int) -> dict[str, Any]:
     """Send ``cfg.sync.role``'s components to the server as version ``<method>-step-<step>``; returns
     the server's answer (versions, cache entries dropped, ...)."""
-    import os
-
     from fv_core.training.sync import WeightSyncPlan, push_weights
 
     sync = cfg.sync
@@ -81,6 +83,18 @@ def push_role(cfg: TrainConfig, method: TrainMethod, step: int) -> dict[str, Any
     api_key = os.environ.get(sync.api_key_env) if sync.api_key_env else None
     weights = {name: modules[name] for name in sync.components}
     return push_weights(sync.url, plan, weights, api_key=api_key, model=sync.model)
+
+
+def _check_sync(cfg: TrainConfig, method: TrainMethod) -> None:
+    """Before step 0: the sync's role and components are ones the method holds."""
+    assert cfg.sync is not None
+    held = {role.value: sorted(modules) for role, modules in method.roles.items()}
+    missing = set(cfg.sync.components) - set(held.get(cfg.sync.role.value, []))
+    if missing:
+        raise ConfigError(
+            f"sync.role={cfg.sync.role.value!r} with components {cfg.sync.components}: method "
+            f"{cfg.method!r} holds {held}. Fix: name a role and components it holds."
+        )
 
 
 def _write(log, record: dict[str, Any]) -> None:

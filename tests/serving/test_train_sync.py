@@ -98,3 +98,6 @@ def test_a_refused_push_stops_training_with_the_servers_reason(srv, tmp_path):
     })  # fmt: skip
     with pytest.raises(ConfigError, match="HTTP 401"):
         train(cfg, method, progress=False)
+    ema = validate({**cfg.model_dump(mode="json"), "sync": {"url": srv.url, "every": 1, "role": "ema"}})
+    with pytest.raises(ConfigError, match=r"sync.role='ema'.*holds \{'student': \['transformer'\]\}.*Fix"):
+        train(ema, method, progress=False)
