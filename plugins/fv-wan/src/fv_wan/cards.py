@@ -278,6 +278,17 @@ def wan_tiny() -> ModelCard:
     )
 
 
+# The shapes models' size (the embedded model and its students): 9 frames of 64x64, prompts padded to 16
+# tokens (captions are 6; trained so), guidance 1, a 1.0M-parameter transformer and a 2-layer UMT5.
+SHAPES_REQUEST = dict(num_frames=9, height=64, width=64, guidance_scale=1.0, max_sequence_length=16)
+SHAPES_SIZE = dict(
+    config=architecture(layers=4, heads=4, head_dim=32, text_dim=64, text_layers=2),
+    max_frames=17,
+    max_resolution=(128, 128),
+    kv_capacity=64,
+)
+
+
 def shapes_weights() -> str:
     """The trained shapes checkpoint shipped inside this package (diffusers layout, safetensors)."""
     return str(Path(__file__).parent / "weights" / "shapes")
@@ -297,19 +308,8 @@ def wan_shapes() -> ModelCard:
         "steps, guidance 1, 128 prompts; bench/results/train_shapes.json): colour 1.00, shape 0.92, "
         "direction 1.00; guidance 4 rounds squares (shape 0.66).",
         StepCostModel(base_s=0.004, per_token_s=4e-6),
-        # captions are 6 tokens; trained with prompts padded to 16
-        defaults=dict(
-            num_frames=9,
-            height=64,
-            width=64,
-            num_inference_steps=30,
-            guidance_scale=1.0,
-            max_sequence_length=16,
-        ),
-        config=architecture(layers=4, heads=4, head_dim=32, text_dim=64, text_layers=2),
-        max_frames=17,
-        max_resolution=(128, 128),
-        kv_capacity=64,
+        defaults=dict(SHAPES_REQUEST, num_inference_steps=30),
+        **SHAPES_SIZE,
         default_weights="fv_wan.cards:shapes_weights",
     )
 
@@ -355,19 +355,8 @@ def shapes_student(steps: int) -> ModelCard:
         f"configs/shapes/dmd2_{steps}step.yaml` (fv-train-dmd2); quality in bench/results/dmd2_shapes.json.",
         {loop_id: loop},
         recipe,
-        defaults=dict(
-            num_frames=9,
-            height=64,
-            width=64,
-            num_inference_steps=steps,
-            guidance_scale=1.0,
-            max_sequence_length=16,
-            sampler="dmd",
-        ),
-        config=architecture(layers=4, heads=4, head_dim=32, text_dim=64, text_layers=2),
-        max_frames=17,
-        max_resolution=(128, 128),
-        kv_capacity=64,
+        defaults=dict(SHAPES_REQUEST, num_inference_steps=steps, sampler="dmd"),
+        **SHAPES_SIZE,
         # one or two distilled steps: nothing to skip or reuse
         interceptors=set(),
         default_weights=f"fv_wan.cards:shapes_{steps}step_weights",
@@ -413,18 +402,8 @@ def wan_shapes_nft() -> ModelCard:
         "0.8x) are not met.",
         loops,
         recipe,
-        defaults=dict(
-            num_frames=9,
-            height=64,
-            width=64,
-            num_inference_steps=30,
-            guidance_scale=1.0,
-            max_sequence_length=16,
-        ),
-        config=architecture(layers=4, heads=4, head_dim=32, text_dim=64, text_layers=2),
-        max_frames=17,
-        max_resolution=(128, 128),
-        kv_capacity=64,
+        defaults=dict(SHAPES_REQUEST, num_inference_steps=30),
+        **SHAPES_SIZE,
         interceptors={"step_skip", "block_skip"},
         default_weights="fv_wan.cards:shapes_nft_weights",
     )
