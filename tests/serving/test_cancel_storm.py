@@ -14,7 +14,7 @@ from tests.serving.support import TINY, ServerThread, tiny_deploy, wait_idle
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the client marks Sora APIs deprecated
 
 JOBS = 30
-STEPS = 12  # enough that the first jobs are mid-run while the deletes arrive, and the last still queued
+STEPS = 30  # the first jobs are mid-run while the deletes arrive, the last still queued (even under load)
 
 
 def ask(i: int) -> dict:
