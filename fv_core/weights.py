@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,11 @@ def refuse_pickles(folder: Path) -> None:
         )
 
 
+# diffusers' and transformers' from_pretrained build modules under a process-wide patch (parameters on
+# the meta device until the weights are read): two loads on different threads (a weight sync staging
+# off the engine thread while a request loads a component) corrupt each other, so every load holds it.
+FROM_PRETRAINED_LOCK = threading.RLock()
+
 SHARED_KEY = "_fv_shared"  # model_index.json: component -> its folder, relative to the checkpoint
 
 
@@ -80,7 +86,8 @@ def load_component(folder: Path, name: str, spec: ComponentSpec, dtype: torch.dt
             f"{str(sub)!r} holds no *.safetensors weights. Fix: convert the weights to safetensors."
         )
     dtype_arg = "dtype" if cls.__module__.startswith("transformers") else "torch_dtype"
-    return cls.from_pretrained(sub, use_safetensors=True, **{dtype_arg: dtype}).eval()
+    with FROM_PRETRAINED_LOCK:
+        return cls.from_pretrained(sub, use_safetensors=True, **{dtype_arg: dtype}).eval()
 
 
 def weights_fingerprint(folder: Path, name: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from fv_core import WeightsError
-from fv_core.weights import component_folder, refuse_pickles
+from fv_core.weights import FROM_PRETRAINED_LOCK, component_folder, refuse_pickles
 
 EXPECTED_LAYOUT = """\
   model_index.json
@@ -138,17 +138,18 @@ def load_component(folder: str | Path, name: str, dtype: torch.dtype = torch.flo
                 f"model_index.json names {listed!r} for {name}; fv loads {sorted(ALTERNATIVE_CLASSES[name])}",
             )
         cls_name = listed
-    if library == "diffusers":
-        import diffusers
+    with FROM_PRETRAINED_LOCK:  # loads on two threads (a weight sync staging) must not interleave
+        if library == "diffusers":
+            import diffusers
 
-        cls = getattr(diffusers, cls_name)
-        return cls.from_pretrained(sub, torch_dtype=dtype, use_safetensors=True).eval()
-    import transformers
+            cls = getattr(diffusers, cls_name)
+            return cls.from_pretrained(sub, torch_dtype=dtype, use_safetensors=True).eval()
+        import transformers
 
-    cls = getattr(transformers, cls_name)
-    if name in ("tokenizer", "image_processor"):
-        return cls.from_pretrained(sub)
-    return cls.from_pretrained(sub, dtype=dtype, use_safetensors=True).eval()
+        cls = getattr(transformers, cls_name)
+        if name in ("tokenizer", "image_processor"):
+            return cls.from_pretrained(sub)
+        return cls.from_pretrained(sub, dtype=dtype, use_safetensors=True).eval()
 
 
 def load_scheduler_config(folder: str | Path) -> dict[str, Any]:
