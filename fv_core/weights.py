@@ -117,10 +117,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FV_CACHE_DIR") or Path.home() / ".cache" / "fv")
 
 
-def materialize(target: Path, write: Callable[[Path], None]) -> str:
+def materialize(target: Path, write: Callable[[Path], None], marker: str = "model_index.json") -> str:
     """``target`` once ``write(folder)`` has filled it: written into a staging folder beside it and
-    renamed into place, so concurrent processes never see half a checkpoint. Returns the folder."""
-    if (target / "model_index.json").is_file():
+    renamed into place, so concurrent processes never see half a checkpoint. ``marker``: the file a
+    complete folder holds. Returns the folder."""
+    if (target / marker).is_file():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
@@ -129,7 +130,7 @@ def materialize(target: Path, write: Callable[[Path], None]) -> str:
         try:
             staging.rename(target)
         except OSError:  # another process won the race, or target exists empty
-            if not (target / "model_index.json").is_file():
+            if not (target / marker).is_file():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fv_core.weights import cache_dir
+from fv_core.weights import cache_dir, materialize
 
 TINY_ID = "bagel-tiny"
 TINY_VERSION = "v2"  # bump when the configs, tokenizer or seed below change (v2: unscaled position tables)
@@ -77,20 +75,7 @@ hello, how are you today? I am fine, thank you. Let us talk.
 def tiny_weights(path: str | os.PathLike | None = None) -> str:
     """Write the tiny checkpoint (once) and return its folder (default ``<cache>/weights/bagel-tiny/v1``)."""
     target = Path(path) if path is not None else cache_dir() / "weights" / TINY_ID / TINY_VERSION
-    if (target / "ema.safetensors").is_file():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
-    try:
-        write_tiny_checkpoint(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process won the race
-            if not (target / "ema.safetensors").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+    return materialize(target, write_tiny_checkpoint, marker="ema.safetensors")
 
 
 def write_tokenizer(folder: Path) -> int:
