@@ -47,11 +47,6 @@ from fv_core.training.trainer import (
 )
 
 
-def train_body(plan: WorkPlan) -> dict[str, Any]:
-    """Outputs of ``plan.body(plan.inputs)`` with grad enabled (the train profile)."""
-    return run_plan(plan, Profile.TRAIN).outputs
-
-
 def run_body(plan: WorkPlan, train: bool) -> dict[str, Any]:
     """The plan's outputs under the train profile (grad) or the serve profile (no grad)."""
     return run_plan(plan, Profile.TRAIN if train else Profile.SERVE).outputs
@@ -98,7 +93,6 @@ __all__ = [
     "sync_weights",
     "train",
     "train_adapter",
-    "train_body",
     "validate",
     "validate_options",
 ]

@@ -1,7 +1,8 @@
 """fv-wan: Wan2.1 text-to-video and FastWan cards for fv.
 
-The public API other plugins may import (fv-train-flow trains on the serve loop's own step bodies):
-the load shortcuts, the Wan loop's pure step bodies, the checkpoint helpers of the diffusers layout.
+Public helpers: the load shortcuts, the Wan loop's pure step bodies, the checkpoint helpers of the
+diffusers layout. Training methods reach Wan only through ``fv_core.training.train_adapter``
+(``fv_wan.training.WanTrainAdapter``), never by importing this package.
 """
 
 from fv_wan.checkpoint import load_component

@@ -21,7 +21,7 @@ from fv_core.training import run_body
 from fv_core.weights import SHARED_KEY, component_folder
 from fv_wan.conditioning import encode_condition_body
 from fv_wan.loop import clean_prompt, decode_body, denoise_body, encode_body, text_kv_body
-from fv_wan.tiny import WAN_SCHEDULER_CONFIG, word_tokenizer, write_pipeline_files
+from fv_wan.tiny import word_tokenizer, write_pipeline_files
 
 RECIPE_FILE = "fv_recipe.json"
 
@@ -150,4 +150,4 @@ def _plan(kind: WorkUnitKind, body: Any, module: torch.nn.Module, inputs: dict[s
     )
 
 
-__all__ = ["WAN_SCHEDULER_CONFIG", "WanTrainAdapter"]
+__all__ = ["WanTrainAdapter"]
