@@ -200,6 +200,7 @@ class ImageArtifact:
 
     image: np.ndarray
     provenance: dict[str, Any] = field(default_factory=dict)
+    text: TextArtifact | None = None  # text made with it (think-t2i's thinking), saved beside it as .txt
 
     def __post_init__(self) -> None:
         if self.image.ndim != 3 or self.image.shape[-1] != 3:
@@ -209,12 +210,15 @@ class ImageArtifact:
             )
 
     def save(self, path: str | Path) -> Path:
-        """Write a ``.png``, ``.jpg`` or ``.webp`` and the provenance as JSON next to it."""
+        """Write a ``.png``, ``.jpg`` or ``.webp``, the provenance as JSON next to it, and the companion
+        ``text`` (when set) as ``.txt`` next to it."""
         import imageio.v2 as imageio
 
         path = _prepare(path, "image", IMAGE_SUFFIXES)
         imageio.imwrite(path, to_uint8(self.image))
         _write_provenance(path, self.provenance)
+        if self.text is not None:
+            path.with_suffix(".txt").write_text(self.text.text, encoding="utf-8")
         return path
 
 

@@ -288,7 +288,8 @@ class LoadedModel:
     # -- results --------------------------------------------------------------------------------
 
     def artifact(self, request: Request, result: LoopResult, seconds: float) -> Artifact:
-        """The task's artifact from a finished result (video and audio make one video with sound)."""
+        """The task's artifact from a finished result (video and audio make one video with sound; image
+        and text one image carrying the text)."""
         outputs = self.card.programs[request.task].outputs
         prov = self.provenance(request, result, seconds)
         out = result.outputs
@@ -299,7 +300,8 @@ class LoadedModel:
             fps = int(getattr(request.params, "fps", 16))
             return VideoArtifact(_numpy(out["frames"]), fps, prov, audio=audio)
         if "image" in outputs:
-            return ImageArtifact(_numpy(out["frames"])[0], prov)
+            text = TextArtifact(str(out["text"]), prov) if "text" in outputs else None
+            return ImageArtifact(_numpy(out["frames"])[0], prov, text=text)
         if audio is not None:
             return audio
         return TextArtifact(str(out["text"]), prov)

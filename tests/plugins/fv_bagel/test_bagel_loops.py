@@ -19,7 +19,9 @@ from fv_core import (
     ConfigError,
     ImageArtifact,
     ImagePart,
+    StepResult,
     TextArtifact,
+    TextPart,
     assert_interleave_parity,
     check_batched_parity,
 )
@@ -60,6 +62,34 @@ def test_chat_with_an_image_prefills_vit_tokens(bagel):
     with_image = bagel.generate(task="chat", parts=[picture], prompt="what is this?", max_tokens=4, seed=1)
     without = bagel.generate(task="chat", prompt="what is this?", max_tokens=4, seed=1)
     assert with_image.provenance["metrics"]["prompt_tokens"] > without.provenance["metrics"]["prompt_tokens"]
+
+
+def test_a_conversation_prefills_its_turns_in_order(bagel):
+    """Text parts are the turns before the prompt, each its own span; their order matters."""
+    turns = [TextPart("you answer briefly"), TextPart("hello"), PICTURE, TextPart("hi, what is it?")]
+    alone = bagel.generate(task="chat", prompt="a cat?", max_tokens=6, temperature=0.9, seed=3)
+    talk = bagel.generate(task="chat", parts=turns, prompt="a cat?", max_tokens=6, temperature=0.9, seed=3)
+    swapped = turns[:1] + turns[2:3] + turns[1:2] + turns[3:]
+    other = bagel.generate(task="chat", parts=swapped, prompt="a cat?", max_tokens=6, temperature=0.9, seed=3)
+    tokens = [a.provenance["metrics"]["prompt_tokens"] for a in (alone, talk, other)]
+    assert tokens[1] == tokens[2] > tokens[0]
+    logits = [bagel_loop_logits(bagel, parts) for parts in (turns, swapped)]
+    assert not torch.equal(*logits)
+
+
+def bagel_loop_logits(bagel, parts) -> torch.Tensor:
+    """The first decode step's logits after prefilling ``parts`` and a prompt."""
+    request = bagel.prepare({"prompt": "a cat?", "max_tokens": 1}, task="chat", parts=parts)
+    loop = bagel.loop("chat")
+    with torch.inference_mode():
+        state = loop.init(request)
+        while state.values["segments"]:
+            plan = loop.next(state)
+            loop.advance(state, StepResult(outputs=plan.body(plan.inputs)))
+        plan = loop.next(state)
+        logits = plan.body(plan.inputs)["logits"]
+    loop.release(state)
+    return logits
 
 
 def test_sampling_eos_stop_strings_and_max_tokens(bagel):
@@ -152,7 +182,7 @@ def golden_run(bagel) -> dict:
         "chat_tokens": chat.provenance["metrics"]["completion_tokens"], "chat_text": chat.text,
         "image_mean": float(image.image.mean()), "image_corner": image.image[:2, :2].reshape(-1).tolist(),
         "edit_mean": float(edit.image.mean()), "edit_corner": edit.image[:2, :2].reshape(-1).tolist(),
-        "thinking": think.provenance["metrics"]["stages"]["1:t2i"]["thinking"],
+        "thinking": think.text.text,
         "think_mean": float(think.image.mean()),
     }  # fmt: skip
 
@@ -185,7 +215,7 @@ def test_cli_writes_the_image_and_the_answer(bagel_host, bagel_path, tmp_path, m
     assert json.loads((tmp_path / "a.json").read_text())["task"] == "chat"
 
 
-def test_think_t2i_writes_its_thinking_into_the_generation_context(bagel):
+def test_think_t2i_writes_its_thinking_into_the_generation_context(bagel, tmp_path):
     """The AR stage plans under BAGEL's thinking system prompt; the denoise reuses its caches (system
     prompt: text-unconditioned, + prompt: image-unconditioned, + thinking: conditional); plain t2i runs
     no AR step."""
@@ -193,7 +223,11 @@ def test_think_t2i_writes_its_thinking_into_the_generation_context(bagel):
         task="think-t2i", prompt="a red cat", num_inference_steps=3, max_tokens=5, seed=2
     )
     stages = thought.provenance["metrics"]["stages"]
-    assert stages["0:think"]["completion_tokens"] == 5 and stages["1:t2i"]["thinking"]
+    assert stages["0:think"]["completion_tokens"] == 5
+    assert isinstance(thought.text, TextArtifact) and thought.text.text  # the thinking, its own artifact
+    assert thought.text.provenance is thought.provenance
+    saved = thought.save(tmp_path / "cat.png")
+    assert saved.with_suffix(".txt").read_text() == thought.text.text
     assert stages["1:t2i"]["branches_run"] == [2, 2]
     plain = bagel.generate(task="t2i", prompt="a red cat", num_inference_steps=3, seed=2)
     assert "stages" not in plain.provenance["metrics"] and not np.array_equal(plain.image, thought.image)

@@ -87,7 +87,7 @@ def bagel_card(
             shared_weight_components=["net"],
             step_cost=cost,
             params="fv_bagel.params:TextParams",
-            accepts=["image"],
+            accepts=["text", "image"],  # the conversation before the prompt, in order
         ),
         "t2i": LoopSpec(
             kind=LoopKind.DIFFUSION_DENOISE,
@@ -139,8 +139,8 @@ def bagel_card(
         "think-t2i": ProgramSpec(
             stages=["think", "t2i"], params="fv_bagel.params:ThinkImageParams",
             binds={0: "fv_bagel.program:think", 1: "fv_bagel.program:image"},
-            defaults={**T2I_DEFAULTS, **THINK_DEFAULTS, **t2i, **(think or {})}, outputs=["image"],
-            description="the AR loop plans in <think> ... </think> (its text in the metrics' 'thinking'), then t2i",
+            defaults={**T2I_DEFAULTS, **THINK_DEFAULTS, **t2i, **(think or {})}, outputs=["image", "text"],
+            description="the AR loop plans in <think> ... </think>, then t2i: the image and the thinking",
         ),
     }  # fmt: skip
     return ModelCard(

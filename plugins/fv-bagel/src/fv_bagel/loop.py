@@ -291,12 +291,19 @@ class _Base:
             label=f"image {n} latent tokens",
         )
 
-    def _add_images(self, state: LoopState, request: Any) -> list[dict[str, Any]]:
-        segments = []
-        for i, part in enumerate(p for p in request.parts if p.kind == "image"):
+    def _add_parts(self, state: LoopState, request: Any) -> list[dict[str, Any]]:
+        """The request's text and image parts as context segments, in order (a conversation so far:
+        BAGEL's interleaved input has no roles, each text is one ``<|im_start|> ... <|im_end|>`` span)."""
+        segments: list[dict[str, Any]] = []
+        images = 0
+        for part in request.parts:
+            if part.kind == "text":
+                segments.append({"kind": "text", "ids": text_ids(self.instance, part.text)})
+                continue
             patches, ids = vit_patches(self.instance, part.image)
-            state.tensors[f"image{i}.patches"], state.tensors[f"image{i}.ids"] = patches, ids
-            segments.append({"kind": "image", "index": i})
+            state.tensors[f"image{images}.patches"], state.tensors[f"image{images}.ids"] = patches, ids
+            segments.append({"kind": "image", "index": images})
+            images += 1
         return segments
 
 
@@ -315,7 +322,7 @@ class ChatLoop(_Base):
             loop_id=inst.card.programs[request.task].stages[0],
             generator=torch.Generator(device="cpu").manual_seed(p.seed),
         )
-        segments += self._add_images(state, request)
+        segments += self._add_parts(state, request)
         segments.append({"kind": "text", "ids": text_ids(inst, p.prompt)})
         prefix = sum(len(s["ids"]) if s["kind"] == "text" else 2 + len(state.tensors[f"image{s['index']}.ids"])
                      for s in segments)  # fmt: skip
@@ -717,11 +724,13 @@ class ImageLoop(_Base):
 
     def finalize(self, state: LoopState) -> LoopResult:
         self.release(state)
+        outputs = {"frames": state.tensors["frames"], "latents": state.tensors["latents"]}
+        if state.values["thinking"] is not None:
+            outputs["text"] = state.values["thinking"]  # think-t2i: the plan the image was made from
         return LoopResult(
-            outputs={"frames": state.tensors["frames"], "latents": state.tensors["latents"]},
+            outputs=outputs,
             metrics={
                 "steps": state.step,
-                **({"thinking": state.values["thinking"]} if state.values["thinking"] is not None else {}),
                 "branches_run": state.values["branches_run"],
                 "weights_versions": state.values["weights_versions"],
             },
