@@ -261,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fv_core.training.cli import add_train_parser
 
     add_train_parser(sub)
+    from fv_core.chat_cli import add_chat_parser
+
+    add_chat_parser(sub)
     commands = host.registries.commands
     for name in sorted(str(k) for k in commands):
         commands.get(name)(sub)  # plugin subcommands, e.g. `fv eval` from fv-train-flow

@@ -252,6 +252,7 @@ class LoadedModel:
         plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
         progress: Progress | None = None,
         image: Any = None,
+        on_partial: Callable[[Any], None] | None = None,
         **params: Any,
     ) -> Artifact:
         """Run one request: ``model.generate(prompt="a red circle moving left", seed=1)``.
@@ -259,7 +260,8 @@ class LoadedModel:
         Omitted params take the card's defaults (``fv cards --json`` lists them); returns the
         task's artifact (a VideoArtifact for ``t2v``), with a provenance that replays it.
         ``image`` (a PIL image, path, bytes or array) is one more image part; without a ``task``
-        it picks the card's first task that takes an image."""
+        it picks the card's first task that takes an image. ``on_partial`` receives each partial output as
+        the loop makes it (a chat's ``{"token", "delta"}``: stream ``delta`` to show the text as it comes)."""
         from fv_core.runtime.engine import Engine
 
         parts = tuple(parts)
@@ -271,6 +273,8 @@ class LoadedModel:
         def on_event(event: Any) -> None:
             if progress is not None and event.kind == "progress" and event.total:
                 progress(event.step, event.total)
+            elif on_partial is not None and event.kind == "partial":
+                on_partial(event.data)
 
         start = time.perf_counter()
         with torch.inference_mode():

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request
 from fastapi import UploadFile as UploadedFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
@@ -37,14 +37,18 @@ from fv_core.deploy.card import DeploymentCard
 from fv_core.errors import error_field, explain
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.registry import resolve_lazy
+from fv_core.serving.chat import completion, sse
 from fv_core.serving.jobs import JobStore, default_data_dir
 from fv_core.serving.metrics import CONTENT_TYPE, Metrics
 from fv_core.serving.schemas import (
     IGNORED_FIELDS,
+    ChatCompletion,
+    ChatCompletionCreate,
     ErrorBody,
     ErrorDetail,
     ImageBase,
     ImageData,
+    ImageEditBase,
     ImagesResponse,
     Model,
     ModelList,
@@ -56,7 +60,7 @@ from fv_core.serving.schemas import (
     WeightsSynced,
     with_params,
 )
-from fv_core.serving.service import ApiError, Service
+from fv_core.serving.service import ApiError, Image, Service
 
 log = logging.getLogger("fv.serving")
 POLL_AFTER_MS = "200"  # hint for the openai client's create_and_poll
@@ -88,6 +92,7 @@ def create_app(
     params = _served_params(deploy, plugins)
     video_body = with_params(VideoBase, params, "VideoCreate")
     image_body = with_params(ImageBase, params, "ImageCreate")
+    edit_body = with_params(ImageEditBase, params, "ImageEdit")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -118,7 +123,7 @@ def create_app(
         log.info("%s %s -> %s [request %s]", request.method, request.url.path, response.status_code, rid)
         return response
 
-    app.include_router(_v1_router(api_key, video_body, image_body), prefix="/v1")
+    app.include_router(_v1_router(api_key, video_body, image_body, edit_body), prefix="/v1")
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
@@ -153,7 +158,9 @@ def _served_params(deploy: DeploymentCard, host: PluginHost) -> list[type[Any]]:
     return classes
 
 
-def _v1_router(api_key: str | None, video_body: type[Strict], image_body: type[Strict]) -> APIRouter:
+def _v1_router(
+    api_key: str | None, video_body: type[Strict], image_body: type[Strict], edit_body: type[Strict]
+) -> APIRouter:
     bearer = HTTPBearer(auto_error=False)
 
     def authorize(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -224,10 +231,60 @@ def _v1_router(api_key: str | None, video_body: type[Strict], image_body: type[S
         request: Request, response: Response, service: Service = Depends(_service)
     ) -> ImagesResponse:
         body: Any = _validate(image_body, _drop_ignored(await _read_body(request), response))
-        images = await service.generate_images(body)
-        return ImagesResponse(
-            created=int(time.time()), data=[ImageData(b64_json=b) for b in images], size=body.size
-        )
+        return _images(body, await service.generate_images(body))
+
+    @router.post("/images/edits", response_model=ImagesResponse, openapi_extra=_body_doc(edit_body))
+    async def edit_images(
+        request: Request, response: Response, service: Service = Depends(_service)
+    ) -> ImagesResponse:
+        """OpenAI's image edit (multipart: ``image`` or one ``image[]`` file, the instruction as ``prompt``)."""
+        data = _drop_ignored(await _read_body(request), response)
+        files = await _uploads(request, "image")
+        data["image"] = files[0] if len(files) == 1 else data.get("image")
+        body: Any = _validate(edit_body, data)
+        if body.mask is not None:
+            raise ApiError(
+                400, "mask is not supported: fv edits the whole image. Fix: drop mask.", "unsupported_parameter", "mask"
+            )  # fmt: skip
+        if len(files) != 1:
+            raise ApiError(
+                400,
+                f"got {len(files)} image files; an edit takes exactly one. Fix: send one 'image' file field.",
+                "invalid_image",
+                "image",
+            )
+        parts = await Service.image_parts(files[0], "image")
+        return _images(body, await service.generate_images(body, parts))
+
+    @router.post(
+        "/chat/completions",
+        response_model=ChatCompletion,
+        responses={200: {"content": {"text/event-stream": {}}}},
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+            "schema": ChatCompletionCreate.model_json_schema()}}}},
+    )  # fmt: skip
+    async def chat_completions(
+        request: Request, response: Response, service: Service = Depends(_service)
+    ) -> Any:
+        """OpenAI's chat completion; ``stream: true`` answers server-sent chunks ending with ``[DONE]``."""
+        body: Any = _validate(ChatCompletionCreate, _drop_ignored(await _read_body(request), response))
+        model, rid = await service.chat(body)
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        text = service.chat_text(rid, model)
+        first = await anext(
+            text
+        )  # bad input the loop finds (a prompt over the context) is a 4xx, not a stream
+        if body.stream:
+            include = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(
+                sse(cid, created, model, _prepend(first, text), include),
+                media_type="text/event-stream",
+                headers={**response.headers, "cache-control": "no-cache"},  # the ignored-fields header
+            )
+        pieces = [first] + [item async for item in text]
+        metrics = pieces.pop()
+        assert isinstance(metrics, dict), "chat_text ends with the result's metrics"
+        return completion(cid, created, model, "".join(map(str, pieces)), metrics)
 
     @router.post("/weights", response_model=WeightsSynced)
     async def sync_weights(
@@ -248,6 +305,25 @@ def _v1_router(api_key: str | None, video_body: type[Strict], image_body: type[S
         )
 
     return router
+
+
+def _images(body: Any, images: list[Image]) -> ImagesResponse:
+    data = [ImageData(b64_json=i.b64_png, revised_prompt=i.text) for i in images]
+    return ImagesResponse(created=int(time.time()), data=data, size=body.size)
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+async def _uploads(request: Request, name: str) -> list[UploadFile]:
+    """The files of a multipart field sent as ``name`` or ``name[]`` (the openai client's list form)."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return []
+    form = await request.form()
+    return [v for k, v in form.multi_items() if k in (name, f"{name}[]") and isinstance(v, UploadFile)]
 
 
 def _video(service: Service, video_id: str) -> Video:

@@ -1,4 +1,4 @@
-"""HTTP request and response bodies, shaped like OpenAI's video and image APIs.
+"""HTTP request and response bodies, shaped like OpenAI's video, image and chat completion APIs.
 
 Requests forbid unknown fields: the request params of the served cards
 (``num_frames``, ``seed``, ... from each loop's Params) arrive as top-level
@@ -9,7 +9,7 @@ mode turns ``"5"`` into 5.
 from __future__ import annotations
 
 from copy import copy
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -59,8 +59,16 @@ class ImageBase(Strict):
     )
 
 
+class ImageEditBase(ImageBase):
+    """``POST /v1/images/edits`` (multipart) fields of OpenAI's API: the image to edit and the instruction;
+    the served cards' request params join them."""
+
+    image: Any = Field(description="the image to edit (an uploaded file)")
+    mask: Any = Field(None, description="not supported: fv edits the whole image")
+
+
 # Body fields that are OpenAI's, not a card's request params.
-API_FIELDS = frozenset(VideoBase.model_fields) | frozenset(ImageBase.model_fields)
+API_FIELDS = frozenset(VideoBase.model_fields) | frozenset(ImageEditBase.model_fields)
 # OpenAI fields other clients send that fv accepts and ignores (named in the x-fv-ignored-fields header).
 IGNORED_FIELDS = frozenset(
     {
@@ -72,6 +80,9 @@ IGNORED_FIELDS = frozenset(
         "output_compression",
         "output_format",
         "partial_images",
+        "metadata",
+        "store",
+        "service_tier",
     }
 )
 
@@ -128,6 +139,7 @@ class VideoDeleted(BaseModel):
 
 class ImageData(BaseModel):
     b64_json: str
+    revised_prompt: str | None = None  # the thinking the image was made from (``think``), else null
 
 
 class ImagesResponse(BaseModel):
@@ -177,3 +189,104 @@ class ErrorBody(BaseModel):
     """Every error response: OpenAI's ``{"error": {...}}``."""
 
     error: ErrorDetail
+
+
+# -- chat completions ---------------------------------------------------------------------------------
+
+
+class ImageUrl(Strict):
+    url: str = Field(description="a data URL: data:image/png;base64,...")
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class TextContent(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageContent(Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[Annotated[TextContent | ImageContent, Field(discriminator="type")]]
+    name: str | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionCreate(Strict):
+    """``POST /v1/chat/completions``: OpenAI's fields fv serves, plus ``top_k`` and ``think`` (fv)."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=256)
+    model: str | None = Field(None, description="served model name; default: the first deployed model")
+    max_tokens: int | None = Field(
+        None, ge=1, description="most new tokens (the card's default when omitted)"
+    )
+    max_completion_tokens: int | None = Field(
+        None, ge=1, description="as max_tokens (it wins when both are set)"
+    )
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0: greedy")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, description="fv: keep the k most likely tokens; 0: all")
+    stop: str | list[str] | None = Field(None, description="a stop string or up to 16 of them")
+    seed: int | None = Field(None, ge=0)
+    n: int = Field(1, ge=1, le=1, description="choices per request: fv answers one")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    think: bool | None = Field(None, description="fv: reason inside <think> ... </think> first")
+    plugin_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="plugin -> options, for plugins the deployment enables"
+    )
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChunkDelta
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a streamed completion."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import logging
 import math
 import secrets
 import time
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,15 +35,24 @@ from fv_core.errors import (
     explain,
 )
 from fv_core.load import load
-from fv_core.loop.contracts import LoopResult
+from fv_core.loop.contracts import LoopResult, StreamEvent
 from fv_core.model import LoadedModel
 from fv_core.plugins import PluginHost
 from fv_core.request import ImagePart, Request, image_part
 from fv_core.request.params import MAX_SEED
 from fv_core.runtime import AsyncEngine, Budget, Engine
+from fv_core.serving.chat import conversation
+from fv_core.serving.chat import params as chat_params
 from fv_core.serving.jobs import JobStore, new_job_id
 from fv_core.serving.metrics import Metrics
-from fv_core.serving.schemas import API_FIELDS, ImageBase, Video, VideoBase, WeightsSynced
+from fv_core.serving.schemas import (
+    API_FIELDS,
+    ChatCompletionCreate,
+    ImageBase,
+    Video,
+    VideoBase,
+    WeightsSynced,
+)
 
 log = logging.getLogger("fv.serving")
 WATCH_S = 0.2  # shared store: how often a replica looks for its jobs deleted through another replica
@@ -282,45 +293,100 @@ class Service:
 
     # -- images ---------------------------------------------------------------------------------------
 
-    async def generate_images(self, body: ImageBase) -> list[str]:
-        """``n`` images as base64 PNGs; waits for them (like OpenAI's images API)."""
+    async def generate_images(self, body: ImageBase, parts: tuple[ImagePart, ...] = ()) -> list[Image]:
+        """``n`` images as base64 PNGs, each with the text made with it (``think``: the thinking); waits
+        for them (like OpenAI's images API). ``parts``: the image to edit."""
         self._check_taking_jobs()
         served = self.model(body.model)
-        task = self._task(served, body.task, "image")
         raw = self._raw(body)
+        think = raw.pop("think", None)
+        task = self._task(served, body.task, "image", image=bool(parts), text=think)
+        if parts and "width" in raw and "width" not in served.loaded.params_model(task).model_fields:
+            raise ApiError(
+                400,
+                f"size={body.size!r}: task {task!r} takes its size from the image. Fix: drop size (or send auto).",
+                "invalid_request",
+                "size",
+            )
         seed = raw.pop("seed")
         requests = [
-            self._prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, task, body.plugin_options)
+            self._prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, task, body.plugin_options, parts)
             for i in range(body.n)
         ]
         first = await self._submit(*served.loaded.job(requests[0]))  # a full queue refuses the request
         self.metrics.requests.labels(served.name, "image").inc()
         window = asyncio.Semaphore((self.deploy.limits or Limits()).max_running)
 
-        async def one(index: int, request: Request) -> str:
+        async def one(index: int, request: Request) -> Image:
             async with window:  # an n-image request holds at most max_running places, so others get in
                 rid = first if index == 0 else await self._submit_when_room(served.loaded.job(request))
                 return await self._image(rid, served.name)
 
         return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
 
-    async def _image(self, rid: str, model: str) -> str:
+    async def _image(self, rid: str, model: str) -> Image:
         start, status = time.monotonic(), "failed"
         try:
             result = await self._follow(rid, model, start, lambda p: None)
             png = await asyncio.to_thread(encode_png, result.outputs["frames"][0].float().numpy())
             status = "completed"
-            return base64.b64encode(png).decode()
-        except AdmissionInfeasible as exc:  # the engine can never fit it: the client's request is too big
-            self.metrics.refusals.labels("infeasible").inc()
-            raise ApiError(400, str(exc), "admission_infeasible") from None
+            text = result.outputs.get("text")
+            return Image(base64.b64encode(png).decode(), None if text is None else str(text))
         except Exception as exc:
-            raise ApiError(
-                500, f"image generation failed: {type(exc).__name__}: {exc}", "generation_failed"
-            ) from None
+            raise failure(exc, "image generation", self.metrics) from None
         finally:
             self.metrics.jobs.labels(model, status).inc()
             self.metrics.latency.labels(model, status).observe(time.monotonic() - start)
+
+    # -- chat -----------------------------------------------------------------------------------------
+
+    async def chat(self, body: ChatCompletionCreate) -> tuple[str, str]:
+        """Queue a chat completion; returns (served model name, engine request id)."""
+        self._check_taking_jobs()
+        served = self.model(body.model)
+        task = self._task(served, None, "text")
+        try:
+            parts, prompt = await asyncio.to_thread(conversation, body.messages)  # decodes the images
+        except ConfigError as exc:
+            raise ApiError(400, str(exc), "invalid_request", exc.param) from None
+        raw = {**chat_params(body), "prompt": prompt}
+        raw.setdefault("seed", secrets.randbelow(2**31))
+        request = self._prepare(served, raw, task, body.plugin_options, tuple(parts))
+        rid = await self._submit(*served.loaded.job(request))
+        self.metrics.requests.labels(served.name, "chat").inc()
+        return served.name, rid
+
+    async def chat_text(self, rid: str, model: str) -> AsyncIterator[str | dict[str, Any]]:
+        """A chat's text deltas as they are made, then its result's metrics. A failure before the first
+        token raises the ApiError (so the answer is a 4xx, not a broken stream); closing the iterator
+        early (the client left) cancels the request at its next step."""
+        start, status, ended = time.monotonic(), "failed", False
+        events = self._events(rid, model, start)
+        try:
+            async for event in events:
+                if event.kind == "partial":
+                    yield event.data["delta"]
+            ended = True
+            result = await self.engine.result(rid)
+            status = "completed"
+            yield result.metrics
+        except Exception as exc:
+            raise failure(exc, "chat completion", self.metrics) from None
+        finally:
+            await events.aclose()
+            if not ended:  # the client went away mid-stream
+                status = "cancelled"
+                self.engine.cancel(rid, "the client went away")
+                settle = asyncio.create_task(self._settle(rid))
+                self._tasks.add(settle)
+                settle.add_done_callback(self._tasks.discard)
+            self.metrics.jobs.labels(model, status).inc()
+            self.metrics.latency.labels(model, status).observe(time.monotonic() - start)
+
+    async def _settle(self, rid: str) -> None:
+        """Collect an abandoned request's outcome so the engine forgets it."""
+        with contextlib.suppress(Exception):
+            await self.engine.result(rid)
 
     async def _submit_when_room(self, job: tuple[Any, Any, Any]) -> str:
         """Submit work already accepted (a later image of a request, a job kept over a restart), waiting
@@ -373,14 +439,27 @@ class Service:
     # -- shared ---------------------------------------------------------------------------------------
 
     @staticmethod
-    def _task(served: ServedModel, asked: str | None, output: str, image: bool = False) -> str:
-        """The task a route runs: the one asked for, else the card's first that outputs ``output`` (and
-        takes an image, when the request sends one)."""
+    def _task(
+        served: ServedModel, asked: str | None, output: str, image: bool = False, text: bool | None = None
+    ) -> str:
+        """The task a route runs: the one asked for, else the card's first whose main output is ``output``
+        (and that takes an image, when the request sends one; that also outputs text when ``text``, else
+        preferably not)."""
         card = served.loaded.card
         programs = card.programs
-        fit = [t for t, p in programs.items() if output in p.outputs]
+        fit = [t for t, p in programs.items() if p.outputs[0] == output]
         takes = [t for t in fit if "image" in card.loops[programs[t].stages[0]].accepts]
         preferred = (takes or fit) if image else fit
+        writes = [t for t in preferred if "text" in programs[t].outputs]
+        if text and asked is None and not writes:
+            raise ApiError(
+                400,
+                f"think=true: model {served.name!r} has no {output} task that also writes its thinking; its "
+                f"{output} tasks are {fit}. Fix: drop think, or use a model that thinks (e.g. a BAGEL card).",
+                "unsupported_parameter",
+                "think",
+            )
+        preferred = writes if text else ([t for t in preferred if t not in writes] or preferred)
         task = asked if asked is not None else (preferred[0] if preferred else None)
         if task not in fit:
             raise ApiError(
@@ -406,18 +485,24 @@ class Service:
                 "unsupported_parameter",
                 "input_reference",
             )
-        if not hasattr(reference, "read"):
+        return await Service.image_parts(reference, "input_reference")
+
+    @staticmethod
+    async def image_parts(upload: Any, param: str) -> tuple[ImagePart, ...]:
+        """An uploaded image file as an image part; anything else (or an undecodable or oversized image)
+        answers 400 naming ``param``."""
+        if not hasattr(upload, "read"):
             raise ApiError(
                 400,
-                f"input_reference must be an uploaded image file; got {type(reference).__name__}. "
+                f"{param} must be an uploaded image file; got {type(upload).__name__}. "
                 "Fix: send it as a multipart file field.",
                 "unsupported_parameter",
-                "input_reference",
+                param,
             )
         try:
-            return (await asyncio.to_thread(image_part, await reference.read()),)
+            return (await asyncio.to_thread(image_part, await upload.read()),)
         except ConfigError as exc:
-            raise ApiError(400, f"input_reference: {exc}", "invalid_image", "input_reference") from None
+            raise ApiError(400, f"{param}: {exc}", "invalid_image", param) from None
 
     @staticmethod
     def _raw(body: VideoBase | ImageBase) -> dict[str, Any]:
@@ -456,27 +541,53 @@ class Service:
             raise ApiError(400, str(exc), "invalid_request") from None
 
     async def _follow(self, rid: str, model: str, start: float, on_progress: Any) -> LoopResult:
-        """Stream a request's events into metrics and ``on_progress(percent)``; return its result."""
+        """Follow a request to its end, reporting ``on_progress(percent)``; return its result."""
+        async for event in self._events(rid, model, start):
+            if event.kind == "progress":
+                on_progress(min(99, 100 * event.step // event.total) if event.total else 0)
+        return await self.engine.result(rid)
+
+    async def _events(self, rid: str, model: str, start: float) -> AsyncGenerator[StreamEvent]:
+        """A request's events, counted into the metrics (queue wait, steps, cache stats)."""
         self.metrics.queued.inc()
         started, last_step = False, 0
         try:
             async for event in self.engine.stream(rid):
-                if event.kind != "progress":
-                    continue
-                if not started:
-                    started = True
-                    self.metrics.queued.dec()
-                    self.metrics.running.inc()
-                    self.metrics.queue_wait.labels(model).observe(time.monotonic() - start)
-                for _ in range(event.step - last_step):
-                    self.metrics.step(model)
-                last_step = event.step
-                on_progress(min(99, 100 * event.step // event.total) if event.total else 0)
-            result = await self.engine.result(rid)
-            self.metrics.cache_stats(model, result.metrics)
+                if event.kind == "progress":
+                    if not started:
+                        started = True
+                        self.metrics.queued.dec()
+                        self.metrics.running.inc()
+                        self.metrics.queue_wait.labels(model).observe(time.monotonic() - start)
+                    for _ in range(event.step - last_step):
+                        self.metrics.step(model)
+                    last_step = event.step
+                elif event.kind == "done" and isinstance(event.data, LoopResult):
+                    self.metrics.cache_stats(model, event.data.metrics)
+                yield event
         finally:
             (self.metrics.running if started else self.metrics.queued).dec()
-        return result
+
+
+@dataclass(slots=True)
+class Image:
+    """A generated image as base64 PNG, and the text made with it (the thinking of ``think``)."""
+
+    b64_png: str
+    text: str | None = None
+
+
+def failure(exc: Exception, what: str, metrics: Metrics) -> ApiError:
+    """The HTTP answer for a request that failed after it was queued: refusals and bad input found
+    by the loop are 400, the rest 500."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, AdmissionInfeasible):  # the engine can never fit it: the request is too big
+        metrics.refusals.labels("infeasible").inc()
+        return ApiError(400, str(exc), "admission_infeasible")
+    if isinstance(exc, ConfigError):  # e.g. a prompt longer than the model's context
+        return ApiError(400, str(exc), "invalid_request", exc.param)
+    return ApiError(500, f"{what} failed: {type(exc).__name__}: {exc}", "generation_failed")
 
 
 def parse_size(size: str | None) -> tuple[int | None, int | None]:
