@@ -191,3 +191,29 @@ def test_fv_chat_streams_answers_and_keeps_the_conversation(
         task="chat", parts=[TextPart("hello"), TextPart(first)], prompt="and then?", max_tokens=4, seed=1
     ).text
     assert capsys.readouterr().out == f"{first}\n{second}\n"
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_request(client):
+    import time
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {**ask(max_tokens=2000, temperature=1.0, seed=0), "stream": True}
+    url = f"{client.base_url}chat/completions"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+        assert response.status_code == 200
+        next(response.iter_lines())  # the first chunk, then the client goes away
+    cancelled = 'fv_jobs_total{model="bagel-tiny",status="cancelled"} 1.0'
+    deadline = time.monotonic() + 30
+    while cancelled not in httpx.get(url.replace("/v1/chat/completions", "/metrics")).text:
+        assert time.monotonic() < deadline, "the abandoned request was not cancelled"
+        time.sleep(0.1)
+
+    def steps() -> str:
+        text = httpx.get(url.replace("/v1/chat/completions", "/metrics")).text
+        return next(line for line in text.splitlines() if line.startswith("fv_steps_total"))
+
+    before = steps()
+    time.sleep(1.0)
+    assert steps() == before  # the engine stopped decoding it
