@@ -14,7 +14,10 @@ request's ``LoopState``. The pool owns the storage and one reference count per p
   step body stays a pure function of its inputs.
 
 The pool's storage is allocated once (``nbytes``), so an instance that holds one reports it in its
-resident bytes and admission counts it. Running out of pages raises :class:`KVPoolFull`.
+resident bytes. Its pages are a budget of their own: admission ``reserve``s each request's worst case
+before the request runs and ``unreserve``s it when the request leaves, so admitted requests never run
+out of pages; the count lives on the pool, shared by every engine that admits onto it. Running out of
+pages (a writer that reserved nothing, or less than it wrote) raises :class:`KVPoolFull`.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class PagedKVPool:
             self.v = torch.empty(shape, dtype=dtype, device=device)
         self.refs = [0] * num_pages
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out the lowest id first
+        self.reserved_pages = 0  # pages admission promised to admitted requests (their worst case)
         self._lock = threading.Lock()
 
     @property
@@ -95,6 +99,19 @@ class PagedKVPool:
     def pages_for(self, tokens: int) -> int:
         """Pages a sequence of ``tokens`` tokens holds."""
         return -(-tokens // self.page_size)
+
+    def reserve(self, pages: int) -> bool:
+        """Promise ``pages`` more pages if the promises fit the pool, else False (nothing reserved)."""
+        with self._lock:
+            if self.reserved_pages + pages > self.num_pages:
+                return False
+            self.reserved_pages += pages
+            return True
+
+    def unreserve(self, pages: int) -> None:
+        """Take back a promise of ``pages`` pages (its request left)."""
+        with self._lock:
+            self.reserved_pages -= pages
 
     def _take(self) -> int:
         if not self._free:

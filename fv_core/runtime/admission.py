@@ -1,11 +1,15 @@
 """Admission: reserve compute seconds and memory before a request's work runs.
 
 Compute is predicted seconds of admitted, unfinished work; memory is each
-bound instance's resident bytes (counted once per instance) plus every
-admitted request's worst-case peak. A request that could never fit, even on
-an idle engine, fails fast with AdmissionInfeasible; one that fits later
-waits; a full queue answers QueueFull with a retry hint. Reservations are
-consumed step by step and the rest refunded on completion, early stop or cancel.
+bound instance's resident bytes (counted once per instance: weights, and
+caches allocated whole such as a paged KV pool) plus every admitted request's
+worst-case peak; KV pages are, per paged KV pool, the most pages each admitted
+request can hold at once (``Estimate.kv_pages``, reserved on the pool itself,
+so engines sharing an instance share the count). A request that could never
+fit, even on an idle engine, fails fast with AdmissionInfeasible; one that
+fits later waits; a full queue answers QueueFull with a retry hint.
+Reservations are consumed step by step and the rest refunded on completion,
+early stop, cancel or failure.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from fv_core.errors import AdmissionInfeasible
+from fv_core.kv import PagedKVPool
 
 
 @dataclass(slots=True)
@@ -35,6 +40,8 @@ class Estimate:
 
     compute_s: float  # predicted seconds of all remaining steps (at the cap for open-ended loops)
     peak_bytes: int  # largest transient memory of any step
+    kv_pool: PagedKVPool | None = None  # the KV pool the request writes (None: it holds no KV pages)
+    kv_pages: int = 0  # most pages of kv_pool it holds at once (pages shared by its contexts once)
 
 
 @dataclass(slots=True)
@@ -45,6 +52,8 @@ class Reservation:
     instance_key: int  # id() of the bound instance
     compute_s: float  # reserved predicted seconds not yet consumed
     peak_bytes: int  # reserved worst-case peak
+    kv_pool: PagedKVPool | None = None  # the pool its KV pages are reserved on
+    kv_pages: int = 0  # reserved KV pages
 
 
 def resident_bytes(instance: Any) -> int:
@@ -89,6 +98,14 @@ class AdmissionController:
                 f"{res + need.peak_bytes} bytes but the budget is {b.memory_bytes:.0f} bytes; "
                 "raise Budget.memory_bytes or use a smaller shape"
             )
+        pool = need.kv_pool
+        if pool is not None and need.kv_pages > pool.num_pages:
+            raise AdmissionInfeasible(
+                f"request {request_id!r}: KV needs {need.kv_pages} pages of {pool.page_size} tokens "
+                f"({need.kv_pages * pool.page_bytes} bytes) but the KV pool holds {pool.num_pages} "
+                f"({pool.nbytes} bytes). Fix: lower max_tokens, shorten the prompt, or raise the card's "
+                "kv cache budget (caches['kv'].max_bytes)"
+            )
 
     def try_reserve(self, request_id: str, need: Estimate, instance: Any) -> Reservation | None:
         """Reserve ``need`` if it fits now, else None (the request keeps waiting)."""
@@ -101,11 +118,13 @@ class AdmissionController:
         )
         if not fits:
             return None
+        if need.kv_pool is not None and not need.kv_pool.reserve(need.kv_pages):
+            return None  # the pool's pages are promised to running requests
         size, bound = self.resident.get(key, (new_resident, 0))
         self.resident[key] = (size, bound + 1)
         self.compute_s += need.compute_s
         self.peak_bytes += need.peak_bytes
-        res = Reservation(request_id, key, need.compute_s, need.peak_bytes)
+        res = Reservation(request_id, key, need.compute_s, need.peak_bytes, need.kv_pool, need.kv_pages)
         self.running[request_id] = res
         return res
 
@@ -121,6 +140,8 @@ class AdmissionController:
             return
         self.compute_s = max(0.0, self.compute_s - res.compute_s) if self.running else 0.0  # no float drift
         self.peak_bytes -= res.peak_bytes
+        if res.kv_pool is not None:
+            res.kv_pool.unreserve(res.kv_pages)
         size, bound = self.resident[res.instance_key]
         if bound == 1:
             del self.resident[res.instance_key]

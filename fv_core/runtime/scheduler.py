@@ -10,7 +10,14 @@ the requests' LoopStates; the scheduler holds only queues and reservations.
 
 Loops may define ``estimate(state) -> (raw_seconds, peak_bytes)`` for their
 remaining work; otherwise admission budgets the first plan's cost times the
-remaining steps (``total_steps``, or ``open_loop_steps`` when unknown).
+remaining steps (``total_steps``, or ``open_loop_steps`` when unknown). Loops
+that write a paged KV pool define ``kv_need(state) -> (pool, pages)``: the
+most pages the stage holds at once (pages it already holds included, e.g.
+those an earlier program stage handed it); a request is admitted only when
+the pool has that many pages unpromised, so it waits instead of running out.
+A program stage's reservation is returned before the next stage's is made,
+and the next stage goes ahead of new requests, so pages one stage hands the
+next are counted once, and this scheduler admits nobody else meanwhile.
 
 ``at_boundary(fn)`` runs ``fn(scheduler)`` at the start of the next tick, before
 cancellations and admission: no step runs and nothing is admitted meanwhile
@@ -332,17 +339,18 @@ class Scheduler:
 
     def _estimate(self, entry: Entry) -> Estimate:
         plan, state, loop = entry.pending, entry.active_loop.state, entry.active_loop.loop
+        kv_pool, kv_pages = loop.kv_need(state) if hasattr(loop, "kv_need") else (None, 0)
         if isinstance(plan, Done):
-            return Estimate(0.0, 0)
+            return Estimate(0.0, 0, kv_pool, kv_pages)
         assert plan is not None, "_start_stage plans the first step before estimating"
         ratio = entry.ratio = self.cost.ratio(calibration_key(state, plan))
         if hasattr(loop, "estimate"):
             raw_s, peak = loop.estimate(state)
-            return Estimate(raw_s * ratio, max(peak, plan.peak_bytes))
+            return Estimate(raw_s * ratio, max(peak, plan.peak_bytes), kv_pool, kv_pages)
         left = (
             state.total_steps - state.step if state.total_steps is not None else self.config.open_loop_steps
         )
-        return Estimate(plan.cost_s * ratio * max(left, 1), plan.peak_bytes)
+        return Estimate(plan.cost_s * ratio * max(left, 1), plan.peak_bytes, kv_pool, kv_pages)
 
     def _enqueue(self, entry: Entry, rank: int) -> None:
         entry.phase = "waiting"

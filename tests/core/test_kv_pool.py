@@ -1,5 +1,6 @@
 """fv_core.kv.PagedKVPool: appends across pages equal one concatenation, forks share pages until a
-write (copy-on-write), released pages return, a full pool refuses with a message, gather pads rows."""
+write (copy-on-write), released pages return, a full pool refuses with a message, reservations promise
+pages without taking them, gather pads rows."""
 
 from __future__ import annotations
 
@@ -54,6 +55,15 @@ def test_a_full_pool_refuses_and_keeps_what_it_had():
     assert pool.used_pages == 2  # the failed append took nothing
     with pytest.raises(ValueError, match="no page"):
         PagedKVPool(2, 3, 4, max_bytes=10)
+
+
+def test_reservations_are_promises_within_the_pool():
+    pool = PagedKVPool(2, 3, 4, page_size=4, num_pages=5)
+    assert pool.reserve(3) and not pool.reserve(3) and pool.reserved_pages == 3  # a refusal takes nothing
+    assert pool.reserve(2) and pool.used_pages == 0  # a promise allocates no page
+    pool.unreserve(3)
+    pool.unreserve(2)
+    assert pool.reserved_pages == 0
 
 
 def test_gather_pads_rows_and_marks_real_tokens():

@@ -8,7 +8,9 @@ tokens <|vision_end|>`` (bidirectional inside, every token at one RoPE position,
 by one). Each segment is one prefill WorkUnit. The keys/values live in the instance's paged KV pool
 (:mod:`fv_core.kv`): the request's LoopState holds its page lists, a step gathers its padded inputs
 from the pool (bodies stay pure functions of their inputs), ``advance`` writes the request's own
-pages, and ``finalize`` / ``release`` (cancel, failure) give them back.
+pages, and ``finalize`` / ``release`` (cancel, failure) give them back. Each loop's ``kv_need`` tells
+admission the most pages the request can hold at once, so a request waits for pages instead of
+running out of them mid-decode.
 
 AR decode: each token step feeds the last token at the next position and appends its keys/values;
 sampling (greedy / temperature / top-k / top-p), EOS, stop strings and ``max_tokens`` run in
@@ -45,7 +47,7 @@ from fv_core import (
     WorkPlan,
     WorkUnitKind,
 )
-from fv_core.kv import KVSeq
+from fv_core.kv import KVSeq, PagedKVPool
 
 BUCKET = 16  # smallest padded context length of a step's inputs (then powers of two: ragged rows batch)
 
@@ -291,6 +293,16 @@ class _Base:
             label=f"image {n} latent tokens",
         )
 
+    @staticmethod
+    def _tokens(state: LoopState, segment: dict[str, Any]) -> int:
+        """Tokens a segment writes to its context (an image: its tokens between the two vision markers)."""
+        if segment["kind"] == "text":
+            return len(segment["ids"])
+        if segment["kind"] == "vae":
+            rows, cols = state.values["grid_shape"]
+            return 2 + rows * cols
+        return 2 + len(state.tensors[f"image{segment['index']}.ids"])
+
     def _add_parts(self, state: LoopState, request: Any) -> list[dict[str, Any]]:
         """The request's text and image parts as context segments, in order (a conversation so far:
         BAGEL's interleaved input has no roles, each text is one ``<|im_start|> ... <|im_end|>`` span)."""
@@ -324,8 +336,7 @@ class ChatLoop(_Base):
         )
         segments += self._add_parts(state, request)
         segments.append({"kind": "text", "ids": text_ids(inst, p.prompt)})
-        prefix = sum(len(s["ids"]) if s["kind"] == "text" else 2 + len(state.tensors[f"image{s['index']}.ids"])
-                     for s in segments)  # fmt: skip
+        prefix = sum(self._tokens(state, s) for s in segments)
         _check_positions(
             inst, prefix + p.max_tokens + 1, f"a prompt of {prefix} tokens plus max_tokens={p.max_tokens}"
         )
@@ -354,6 +365,17 @@ class ChatLoop(_Base):
         seq = self.instance.kv_pool.append(KVSeq(**state.values["seq"]), out["k"][0], out["v"][0])
         state.values["seq"] = {"pages": seq.pages, "length": seq.length}
         state.values["rope"] += rope_advance
+
+    def kv_need(self, state: LoopState) -> tuple[PagedKVPool, int]:
+        """The pool and the most pages this request holds at once: its context at its longest (the pending
+        segments, then a token per step up to ``max_tokens``), plus one page per context kept for a later
+        stage (a kept fork keeps the partly filled page the growing context then copies)."""
+        pool, v = self.instance.kv_pool, state.values
+        left = sum(self._tokens(state, s) for s in v["segments"])
+        if v["stop_reason"] is None:
+            left += v["max_tokens"] - len(v["generated"])
+        forks = len(v["kept"]) + len(v["segments"]) if v["keep_contexts"] else 0
+        return pool, pool.pages_for(v["seq"]["length"] + left) + forks
 
     def release(self, state: LoopState) -> None:
         """Return the context's pages to the pool (on finish, and when the request is cancelled or fails)."""
@@ -516,6 +538,14 @@ class ImageLoop(_Base):
     CONTEXTS = ("cond", "text_uncond", "img_uncond")
 
     def init(self, request: Any, instance: Any = None, ctx: Any = None) -> LoopState:
+        try:
+            return self._init(request)
+        except BaseException:  # refused before its state held them: the pages handed over come back
+            for context in request.carry.get("contexts", []):
+                self.instance.kv_pool.release(KVSeq(**context["seq"]))
+            raise
+
+    def _init(self, request: Any) -> LoopState:
         inst = self.instance
         p = _check_request(inst, request, GuidedParams)
         net = inst.net
@@ -583,10 +613,10 @@ class ImageLoop(_Base):
             # think-t2i: the AR stage's contexts after its system prompt and after the prompt are the
             # text- and image-unconditioned ones; the conditional one is the latter plus the thinking
             system, with_prompt = request.carry["contexts"][-2:]  # forks the AR stage handed over
-            contexts["text_uncond"], contexts["img_uncond"] = system, with_prompt
-            cond = inst.kv_pool.fork(KVSeq(**with_prompt["seq"]))
-            contexts["cond"] = {"seq": _plain(cond), "rope": with_prompt["rope"]}
             pending, aliases = [("cond", "cond", {"kind": "text", "ids": text_ids(inst, thinking)})], {}
+            contexts["text_uncond"], contexts["img_uncond"] = system, with_prompt
+            cond = inst.kv_pool.fork(KVSeq(**with_prompt["seq"]))  # after all that can fail (see init)
+            contexts["cond"] = {"seq": _plain(cond), "rope": with_prompt["rope"]}
         state.values.update(
             ctx=contexts,
             pending=pending,
@@ -611,6 +641,21 @@ class ImageLoop(_Base):
     def _ctx(self, state: LoopState, name: str) -> dict[str, Any]:
         ctx = state.values["ctx"][state.values["aliases"].get(name, name)]
         return {"seq": ctx["seq"], "pool": self.instance.kv_pool, "rope": ctx["rope"]}
+
+    def kv_need(self, state: LoopState) -> tuple[PagedKVPool, int]:
+        """The pool and the most pages this request holds at once: its contexts' pages now (shared pages
+        once: handed over by an earlier stage, or forks) plus those its pending prefills write, counting a
+        context's partly filled last page as copied. The denoise reads the contexts and writes none."""
+        pool, v = self.instance.kv_pool, state.values
+        own = [c["seq"] for name, c in v["ctx"].items() if name not in v["aliases"]]
+        held = len({page for seq in own for page in seq["pages"]})
+        length = {name: c["seq"]["length"] for name, c in v["ctx"].items()}
+        new = 0
+        for name, source, segment in v["pending"]:
+            start = length[source]
+            length[name] = start + self._tokens(state, segment)
+            new += pool.pages_for(length[name]) - start // pool.page_size
+        return pool, held + new
 
     def release(self, state: LoopState) -> None:
         """Return every context's pages (on finish, and when the request is cancelled or fails)."""

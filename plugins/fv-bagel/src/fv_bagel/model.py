@@ -112,7 +112,8 @@ class BagelModel:
 
     def resident_bytes(self) -> int:
         """Bytes admission reserves: the resident components' parameters and buffers, plus the KV pool at
-        its budget (allocated whole on first use)."""
+        its budget (allocated whole on first use; its pages are admitted per request, see the loops'
+        ``kv_need``)."""
         modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
         weights = sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
         return weights + (self.card.caches["kv"].max_bytes or DEFAULT_KV_BYTES)
