@@ -156,7 +156,8 @@ def bagel_card(
         parity=ParitySpec(level="C0", reference="transformers:Qwen3DecoderLayer"),
         capabilities=CapabilityMatrix(max_resolution=max_resolution),
         caches={
-            # the AR contexts' keys/values: a paged pool of this many bytes (admission counts it whole)
+            # the contexts' keys/values: a paged pool of this many bytes (resident whole); admission
+            # reserves each request's worst-case pages of it (loops' kv_need)
             "kv": CacheContract(
                 kind="kv",
                 component="net",
