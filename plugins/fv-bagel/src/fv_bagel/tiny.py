@@ -109,6 +109,21 @@ def write_tokenizer(folder: Path) -> int:
 
 def write_tiny_checkpoint(folder: Path, seed: int = SEED) -> None:
     """Write every file of the published layout into ``folder`` (random weights from ``seed``)."""
+    write_checkpoint(folder, seed=seed)
+
+
+def write_checkpoint(
+    folder: Path,
+    *,
+    llm: dict[str, Any] | None = None,
+    max_latent_size: int = MAX_LATENT_SIZE,
+    dtype: torch.dtype = torch.float32,
+    seed: int = SEED,
+) -> None:
+    """Write a random checkpoint in the published layout at another size: ``llm`` overrides the tiny
+    decoder's config (e.g. ``hidden_size``, ``num_hidden_layers``), ``max_latent_size`` the latent
+    table's side (16 px a patch), ``dtype`` the stored weights' type (BAGEL-7B-MoT's file is bfloat16);
+    the tokenizer, SigLIP tower and VAE stay the tiny ones (benchmarks)."""
     from diffusers import AutoencoderKL
     from safetensors.torch import save_file
     from transformers import Qwen2Config, SiglipVisionConfig
@@ -119,7 +134,7 @@ def write_tiny_checkpoint(folder: Path, seed: int = SEED) -> None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(folder)
-    llm = {**TINY_LLM, "vocab_size": -(-vocab // 16) * 16}
+    llm = {**TINY_LLM, **(llm or {}), "vocab_size": -(-vocab // 16) * 16}
     (folder / "llm_config.json").write_text(json.dumps(llm, indent=2))
     (folder / "vit_config.json").write_text(json.dumps(TINY_VIT, indent=2))
     vit_run = SiglipVisionConfig(**{**TINY_VIT, "num_hidden_layers": TINY_VIT["num_hidden_layers"] - 1})
@@ -129,7 +144,7 @@ def write_tiny_checkpoint(folder: Path, seed: int = SEED) -> None:
             Qwen2Config(**llm),
             vit_run,
             latent_channels=16,
-            max_latent_size=MAX_LATENT_SIZE,
+            max_latent_size=max_latent_size,
             vit_side=TINY_VIT["image_size"] // TINY_VIT["patch_size"],
         )
         for name, p in net.named_parameters():  # random everywhere (LayerNorms and RMSNorms near 1)
@@ -139,6 +154,7 @@ def write_tiny_checkpoint(folder: Path, seed: int = SEED) -> None:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name and p.dim() == 1 and "bias" not in name
                         else 0.2 * torch.randn_like(p))  # fmt: skip
         vae: Any = AutoencoderKL(**flux_config(**TINY_VAE))
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(folder / "ema.safetensors"))
+    state = {k: v.to(dtype).contiguous() for k, v in net.state_dict().items()}
+    save_file(state, str(folder / "ema.safetensors"))
     levels = len(TINY_VAE["block_out_channels"])
     save_file(to_bfl(vae.state_dict(), levels), str(folder / "ae.safetensors"))

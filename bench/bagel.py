@@ -1,0 +1,460 @@
+"""fv-bagel: one resident BAGEL MoT serving chat and t2i, on a medium random-weight checkpoint (CPU).
+
+Usage: python bench/bagel.py [--repeats 3] [--threads 1] [--out PATH] [--smoke]
+
+The checkpoint is written in BAGEL-7B-MoT's published layout (bfloat16 ``ema.safetensors``) by
+``fv_bagel.tiny.write_checkpoint`` at a medium size (``--smoke``: the tiny sizes) and loaded as
+the ``bagel-7b-mot`` card (SDPA math, its default bfloat16). Weights are random: speed and memory only.
+
+- Tokens/s: 8 greedy chat requests with prompts of different lengths (ragged token steps), all
+  with the same ``max_tokens``, run one at a time (``Engine.run_serial``), 1 alone and 8 concurrent
+  (``Engine.run_batched``, batching on). Every run's token ids are compared with the serial ones, and
+  the same 8 interleaved step by step without batching (the interleave gate: bit for bit).
+  Prompts whose greedy answer hits EOS early are skipped, so every request decodes ``max_tokens``.
+  Also 8 copies of one prompt (equal lengths: every token step one call of 8 rows): the ceiling.
+- Denoise step: t2i with the card's CFG (text CFG 4 in its interval: 2 rows a step, else 1),
+  seconds per step as the engine measured them, split by rows.
+- Memory: peak RSS of subprocesses, each serving one chat and one t2i request concurrently: one
+  resident instance, vs two copies (a chat-only one and a t2i one, the second loaded from a copy
+  of the folder so no page is shared). safetensors maps the file lazily, so each copy reads all its
+  loaded weights once first, as a copy onto a device would; the RSS after imports is reported too.
+
+Times: min and median over ``--repeats``, cases interleaved each repeat (the machine is shared).
+Writes JSON and a PNG next to it (``--smoke``: into the temp folder unless ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from wan_vs_diffusers import peak_rss_mib, rss_mib  # noqa: E402
+
+CARD = "bagel-7b-mot"
+CONCURRENT = 8
+MEDIUM_LLM = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=12,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+)
+SIZES: dict[str, dict[str, Any]] = {  # checkpoint, chat tokens, t2i side (px) and steps
+    "medium": dict(checkpoint=dict(llm=MEDIUM_LLM, max_latent_size=16), max_tokens=32, side=256, steps=10),
+    "tiny": dict(checkpoint={}, max_tokens=8, side=64, steps=4),
+}
+MEMORY_STEPS = 3  # t2i steps in the memory runs (peak memory does not grow with steps)
+PROMPTS = [  # candidates, short to long; the first 8 whose greedy answer runs to max_tokens are used
+    "hello",
+    "a red cat",
+    "what is in this picture?",
+    "describe the image in detail",
+    "hello, how are you today? I am fine.",
+    "the blue car drives along the river under a cloudy sky",
+    "think about the plan first, then draw the scene step by step, please",
+    "an astronaut rides a horse on the moon, cinematic, detailed, golden light, wide shot",
+    "a photo of a red cat sitting on a wooden table in the morning light, what is it doing?",
+    "what is in this picture? there is a small dog and a green tree and a blue car by the river",
+    "hi",
+    "a dog",
+    "tell me a story",
+    "what time is it in the morning?",
+    "describe the scene: a boat on the lake at sunset with mountains behind it and birds above",
+    "let us talk about the weather",
+]
+
+
+class StepLog:
+    """Observer: each step's kind, rows (CFG branches), how many plans shared its call, and seconds."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, int, int, float]] = []
+
+    def on_start(self, state: Any, request: Any) -> None:
+        return None
+
+    def on_step(self, state: Any, plan: Any, result: Any) -> None:
+        self.steps.append((plan.kind.value, plan.batch_size, result.batched_with, result.seconds))
+
+    def on_finish(self, state: Any, result: Any) -> None:
+        return None
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values)}
+
+
+def timed(fn: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def load(folder: Path, host: Any) -> Any:
+    import fv_core
+
+    return fv_core.load(CARD, folder, host=host)
+
+
+def chat_jobs(model: Any, prompts: list[str], max_tokens: int, tag: str) -> list:
+    params = [{"prompt": p, "max_tokens": max_tokens, "temperature": 0.0} for p in prompts]
+    return [model.job(model.prepare(p, task="chat", request_id=f"{tag}{i}")) for i, p in enumerate(params)]
+
+
+def t2i_job(model: Any, side: int, steps: int, tag: str = "image") -> Any:
+    params = {
+        "prompt": "a red cat on a wooden table",
+        "height": side,
+        "width": side,
+        "num_inference_steps": steps,
+    }
+    return model.job(model.prepare(params, task="t2i", request_id=tag))
+
+
+def pick_prompts(model: Any, max_tokens: int) -> list[str]:
+    """The first 8 candidates whose greedy answer runs to ``max_tokens`` (random weights may emit EOS)."""
+    from fv_core.runtime import Engine
+
+    picked: list[str] = []
+    for prompt in PROMPTS:
+        [result] = Engine().run_serial(chat_jobs(model, [prompt], max_tokens, "pick"))
+        if result is not None and result.metrics["stop_reason"] == "max_tokens":
+            picked.append(prompt)
+        if len(picked) == CONCURRENT:
+            return picked
+    sys.exit(
+        f"only {len(picked)} of {len(PROMPTS)} prompts decode {max_tokens} tokens without EOS; add prompts"
+    )
+
+
+def token_ids(results: list) -> list[list[int]]:
+    return [r.outputs["tokens"].tolist() for r in results]
+
+
+def tokens_bench(model: Any, prompts: list[str], max_tokens: int, repeats: int) -> dict:
+    """Tokens/s one request at a time, 1 alone, 8 concurrent (ragged) and 8 of one prompt (uniform)."""
+    from fv_core.runtime import Engine
+
+    ragged = chat_jobs(model, prompts, max_tokens, "r")
+    uniform = chat_jobs(model, [prompts[0]] * CONCURRENT, max_tokens, "u")
+    cases = {
+        "serial": lambda e: e.run_serial(ragged),
+        "concurrent_1": lambda e: e.run_batched(ragged[:1]),
+        "concurrent_8": lambda e: e.run_batched(ragged),
+        "concurrent_8_uniform": lambda e: e.run_batched(uniform),
+    }
+    Engine().run_batched(ragged)  # warm-up
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    outputs: dict[str, list[list[list[int]]]] = {name: [] for name in cases}
+    logs: dict[str, StepLog] = {}
+    for _ in range(repeats):
+        for name, case in cases.items():
+            logs[name] = StepLog()
+            engine = Engine(max_batch_rows=CONCURRENT, observers=[logs[name]])
+            seconds, results = timed(lambda: case(engine))  # noqa: B023
+            if any(r.metrics["stop_reason"] != "max_tokens" for r in results):
+                sys.exit(f"{name}: a request stopped early: {[r.metrics['stop_reason'] for r in results]}")
+            rates[name].append(sum(r.metrics["completion_tokens"] for r in results) / seconds)
+            outputs[name].append(token_ids(results))
+    summary = {name: {"tokens_per_s": stats(r)} for name, r in rates.items()}
+    for name in ("concurrent_8", "concurrent_8_uniform"):
+        summary[name]["token_calls"] = calls_by_rows(logs[name])
+    ratio = statistics.median(rates["concurrent_8"]) / statistics.median(rates["serial"])
+    uniform_ratio = statistics.median(rates["concurrent_8_uniform"]) / statistics.median(rates["serial"])
+    return {
+        **summary,
+        "tokens_per_request": max_tokens,
+        "prompt_tokens": [len(model.instance.tokenizer.encode(p)) for p in prompts],
+        "ratio_concurrent_8_vs_serial": ratio,
+        "ratio_concurrent_8_uniform_vs_serial": uniform_ratio,
+        "goal": ">= 4 (concurrent_8 vs serial)",
+        "met": ratio >= 4,
+        "interleave_gate": gate(outputs, Engine().run_interleaved(ragged)),
+        "notes": batching_notes(summary, max_tokens, uniform_ratio),
+    }
+
+
+def batching_notes(summary: dict, max_tokens: int, uniform_ratio: float) -> str:
+    calls = summary["concurrent_8"]["token_calls"]
+    per_tick = sum(calls["by_rows"].values()) / max_tokens
+    return (
+        f"ragged: {calls['mean_rows']:.1f} rows per token call, {per_tick:.1f} calls per tick: token steps share "
+        "a call only while their contexts fall in one power-of-two length bucket (fv_bagel.loop.bucket; the "
+        "padded length is in the batch key), so ragged requests split by bucket; 8 equal-length requests run "
+        f"one 8-row call a tick ({uniform_ratio:.2f}x serial). Each request's prefill runs alone."
+    )
+
+
+def gate(outputs: dict[str, list[list[list[int]]]], interleaved: list) -> dict:
+    """Token ids of every run vs the first serial run's."""
+    serial = outputs["serial"][0]
+    first_diff = [
+        [next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None) for x, y in zip(run, serial, strict=True)]
+        for run in outputs["concurrent_8"]
+    ]  # fmt: skip
+    return {
+        "interleaved_equals_serial": token_ids(interleaved) == serial,  # the gate: step by step, no batching
+        "concurrent_8_equals_serial": all(ids == serial for ids in outputs["concurrent_8"]),
+        "concurrent_8_first_differing_token": first_diff,  # per repeat, per request (null: equal)
+        "concurrent_1_equals_serial": all(ids == serial[:1] for ids in outputs["concurrent_1"]),
+        "uniform_equals_serial": all(
+            ids == [serial[0]] * CONCURRENT for ids in outputs["concurrent_8_uniform"]
+        ),
+        "note": "interleaving must be bit for bit (the gate); a batched step multiplies more rows at once "
+        "and attends over padded contexts, so its bfloat16 results differ from a solo step's by rounding, "
+        "which can flip a greedy argmax (the card promises batched == solo only within its tolerance)",
+    }
+
+
+def calls_by_rows(log: StepLog) -> dict[str, Any]:
+    """Token step calls of the last run by rows per call (a call of n rows logs n plans), and the mean."""
+    counts = Counter(shared for kind, _, shared, _ in log.steps if kind == "ar_token")
+    calls = {rows: n / rows for rows, n in sorted(counts.items())}
+    mean = sum(rows * n for rows, n in calls.items()) / sum(calls.values())
+    return {"by_rows": {str(rows): n for rows, n in calls.items()}, "mean_rows": mean}
+
+
+def denoise_bench(model: Any, side: int, steps: int, repeats: int) -> dict:
+    """Seconds per denoise step (split by CFG rows) and per t2i request."""
+    from fv_core.runtime import Engine
+
+    Engine().run_one(*t2i_job(model, side, 2))  # warm-up (loads the VAE)
+    per_rows: dict[int, list[float]] = {}
+    walls = []
+    for _ in range(repeats):
+        log = StepLog()
+        walls.append(timed(lambda: Engine(observers=[log]).run_one(*t2i_job(model, side, steps)))[0])  # noqa: B023
+        for kind, rows, _, seconds in log.steps:
+            if kind == "diffusion_step":
+                per_rows.setdefault(rows, []).append(seconds)
+    return {
+        "height": side,
+        "width": side,
+        "latent_tokens": (side // 16) ** 2,
+        "num_inference_steps": steps,
+        "step_s_by_cfg_rows": {str(r): {**stats(s), "steps": len(s)} for r, s in sorted(per_rows.items())},
+        "request_s": stats(walls),
+        "cfg": "the card's: text CFG 4.0 for t in (0.4, 1] (rows cond + text_uncond), the conditional alone after",
+    }
+
+
+# ---- memory: one subprocess per case ----
+
+
+def memory_child(case: str, folder: str, copy_folder: str, size: str) -> dict:
+    """Serve one chat and one t2i request concurrently: on one instance, or on two copies."""
+    from diffusers import AutoencoderKL  # noqa: F401  (what the requests import, before the baseline)
+    from transformers import AutoTokenizer  # noqa: F401
+
+    import fv_bagel.loop  # noqa: F401
+    import fv_core
+    from fv_core.runtime import Engine
+
+    host = fv_core.load_plugins(env={"FV_PLUGINS": "fv-bagel"})
+    baseline = rss_mib()
+    chat_model = load(Path(folder), host)
+    image_model = chat_model if case == "one_instance" else load(Path(copy_folder), host)
+    weights = resident(chat_model, ("net", "tokenizer"))
+    if image_model is not chat_model:
+        weights += resident(image_model, ("net", "tokenizer", "vae"))
+    else:
+        weights += resident(image_model, ("vae",))
+    s = SIZES[size]
+    items = [
+        *chat_jobs(chat_model, [PROMPTS[0]], s["max_tokens"], "m"),
+        t2i_job(image_model, s["side"], MEMORY_STEPS),
+    ]
+    loaded = rss_mib()
+    Engine().run_batched(items)
+    return {
+        "baseline_mib": baseline,  # after imports
+        "loaded_mib": loaded,  # the weights read once, before any request
+        "peak_mib": peak_rss_mib(),
+        "weights_mib": weights / (1 << 20),  # the loaded components' parameters and buffers
+        "generation_expert_mib": generation_bytes(chat_model) / (1 << 20),  # of one copy's net
+    }
+
+
+def generation_bytes(model: Any) -> int:
+    """Bytes of the net's generation-only weights: the ``_moe_gen`` expert and the latent heads."""
+    heads = ("time_embedder.", "vae2llm.", "llm2vae.", "latent_pos_embed.")
+    net = model.instance.net
+    return sum(
+        p.numel() * p.element_size()
+        for n, p in net.named_parameters()
+        if "_moe_gen" in n or n.startswith(heads)
+    )
+
+
+def resident(model: Any, names: tuple[str, ...]) -> int:
+    """Load ``names`` and read every tensor once (mapped file pages become resident); returns their bytes."""
+    import torch
+
+    total = 0
+    for name in names:
+        component = model.instance.component(name)
+        if isinstance(component, torch.nn.Module):
+            for t in (*component.parameters(), *component.buffers()):
+                t.detach().float().sum()
+                total += t.numel() * t.element_size()
+    return total
+
+
+def memory_bench(folder: Path, size: str, threads: int) -> dict:
+    copy_folder = folder.with_name(folder.name + "-copy")
+    shutil.copytree(folder, copy_folder)
+    runs = {}
+    for case in ("one_instance", "two_copies"):
+        cmd = [sys.executable, __file__, "--child", case, "--folder", str(folder), "--copy", str(copy_folder)]
+        cmd += ["--size", size, "--threads", str(threads)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"memory case {case} failed:\n{done.stderr[-4000:]}")
+        runs[case] = json.loads(done.stdout.strip().splitlines()[-1])
+    one, two = runs["one_instance"], runs["two_copies"]
+    ratio = one["peak_mib"] / two["peak_mib"]
+    net_ratio = (one["peak_mib"] - one["baseline_mib"]) / (two["peak_mib"] - two["baseline_mib"])
+    und_only = two["peak_mib"] - two["baseline_mib"] - two["generation_expert_mib"]
+    return {
+        **runs,
+        "ratio": ratio,
+        "ratio_minus_baseline": net_ratio,
+        # were the chat copy an understanding-only model (no generation expert, no latent heads)
+        "ratio_minus_baseline_vs_understanding_only_chat_copy": (one["peak_mib"] - one["baseline_mib"])
+        / und_only,
+        "goal": "<= 0.55",
+        "met": ratio <= 0.55,
+        "met_minus_baseline": net_ratio <= 0.55,
+        "notes": (
+            f"Both processes start from the same RSS after imports (torch, transformers, diffusers, fv: "
+            f"{one['baseline_mib']:.0f} MiB); at this size one copy's weights are {one['weights_mib']:.0f} MiB, "
+            f"so even a perfect share cannot go below (B + W) / (B + 2W) = "
+            f"{(one['baseline_mib'] + one['weights_mib']) / (one['baseline_mib'] + 2 * one['weights_mib']):.2f}. "
+            "ratio_minus_baseline compares what the models add over the imports; at BAGEL-7B-MoT's size "
+            "(two 7B experts: tens of GB of weights) the baseline is a rounding error and the two ratios meet. "
+            "two_copies loads the whole checkpoint twice (the chat copy holds the generation expert too, unused); "
+            "ratio_minus_baseline_vs_understanding_only_chat_copy drops that expert from the chat copy."
+        ),
+    }
+
+
+# ---- main ----
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script end to end")
+    ap.add_argument("--out", help="JSON path (default bench/results/bagel.json; --smoke: the temp folder)")
+    for flag in ("--child", "--folder", "--copy", "--size"):
+        ap.add_argument(flag, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.child:
+        with torch.inference_mode():
+            print(json.dumps(memory_child(args.child, args.folder, args.copy, args.size)))
+        return
+    size = "tiny" if args.smoke else "medium"
+    default = (
+        Path(tempfile.gettempdir()) / "bagel_smoke.json"
+        if args.smoke
+        else Path(__file__).parent / "results" / "bagel.json"
+    )
+    out = Path(args.out) if args.out else default
+    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+        result = run(Path(tmp) / f"bagel-{size}", size, args.repeats, args.threads)
+    result["machine"] = {
+        "cpu": platform.processor() or platform.machine(),
+        "torch_threads": args.threads,
+        "repeats": args.repeats,
+        "load_avg_1m": os.getloadavg()[0],
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(out.with_suffix(".png"), result)
+    print(json.dumps(result, indent=2))
+
+
+def run(folder: Path, size: str, repeats: int, threads: int) -> dict:
+    import torch
+
+    import fv_core
+    from fv_bagel.tiny import write_checkpoint
+    from fv_core.runtime.engine import freeze_heap
+
+    s = SIZES[size]
+    write_checkpoint(folder, **s["checkpoint"], dtype=torch.bfloat16)
+    model = load(folder, fv_core.load_plugins(env={"FV_PLUGINS": "fv-bagel"}))
+    prompts = pick_prompts(model, s["max_tokens"])
+    freeze_heap()
+    net = model.instance.net
+    config = net.language_model.config
+    return {
+        "checkpoint": {
+            "card": CARD,
+            "size": size,
+            "llm": {k: getattr(config, k) for k in (*MEDIUM_LLM, "vocab_size")},
+            "max_latent_size": net.max_latent_size,
+            "params": sum(p.numel() for p in net.parameters()),
+            "precision": model.instance.precision,
+            "weights": "random",
+        },
+        "chat": tokens_bench(model, prompts, s["max_tokens"], repeats),
+        "denoise": denoise_bench(model, s["side"], s["steps"], repeats),
+        "memory": memory_bench(folder, size, threads),
+    }
+
+
+def plot(path: Path, r: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    chat = r["chat"]
+    names = ["serial", "concurrent_1", "concurrent_8", "concurrent_8_uniform"]
+    axes[0].bar(["serial", "1", "8 ragged", "8 uniform"], [chat[n]["tokens_per_s"]["median"] for n in names],
+                color=["#999", "#7ab", "#3a7", "#9c9"])  # fmt: skip
+    axes[0].set_title(f"chat tokens/s (8 vs serial: {chat['ratio_concurrent_8_vs_serial']:.2f}x, goal 4x)")
+    steps = r["denoise"]["step_s_by_cfg_rows"]
+    axes[1].bar([f"{rows} row(s)" for rows in steps], [v["median"] for v in steps.values()], color="#3a7")
+    axes[1].set_title(f"denoise step s ({r['denoise']['height']}px)")
+    mem = r["memory"]
+    labels = ["after imports", "one instance", "two copies"]
+    values = [
+        mem["one_instance"]["baseline_mib"],
+        mem["one_instance"]["peak_mib"],
+        mem["two_copies"]["peak_mib"],
+    ]
+    axes[2].bar(labels, values, color=["#ccc", "#3a7", "#999"])
+    axes[2].set_title(
+        f"peak RSS MiB (ratio {mem['ratio']:.2f}, {mem['ratio_minus_baseline']:.2f} over imports)"
+    )
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(
+        f"BAGEL MoT {r['checkpoint']['size']} random weights, CPU: one resident instance, chat + t2i"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
