@@ -51,10 +51,14 @@ MEDIUM_LLM = dict(
     num_attention_heads=16,
     num_key_value_heads=4,
 )
-SIZES: dict[str, dict[str, Any]] = {  # checkpoint, chat tokens, t2i side (px) and steps
-    "medium": dict(checkpoint=dict(llm=MEDIUM_LLM, max_latent_size=16), max_tokens=32, side=256, steps=10),
-    "tiny": dict(checkpoint={}, max_tokens=8, side=64, steps=4),
-}
+# the memory comparison's model: weights (2.9 GB in bf16) well above the ~0.4 GB the imports take
+LARGE_LLM = {**MEDIUM_LLM, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16}
+SIZES: dict[str, dict[str, Any]] = {  # checkpoint, chat tokens, t2i side (px) and steps, memory case's size
+    "medium": dict(checkpoint=dict(llm=MEDIUM_LLM, max_latent_size=16), max_tokens=32, side=256, steps=10,
+                   memory="large"),
+    "large": dict(checkpoint=dict(llm=LARGE_LLM, max_latent_size=16), max_tokens=8, side=128, steps=3),
+    "tiny": dict(checkpoint={}, max_tokens=8, side=64, steps=4, memory="tiny"),
+}  # fmt: skip
 MEMORY_STEPS = 3  # t2i steps in the memory runs (peak memory does not grow with steps)
 PROMPTS = [  # candidates, short to long; the first 8 whose greedy answer runs to max_tokens are used
     "hello",
@@ -276,6 +280,7 @@ def memory_child(case: str, folder: str, copy_folder: str, size: str) -> dict:
         *chat_jobs(chat_model, [PROMPTS[0]], s["max_tokens"], "m"),
         t2i_job(image_model, s["side"], MEMORY_STEPS),
     ]
+    config = chat_model.instance.net.language_model.config
     loaded = rss_mib()
     Engine().run_batched(items)
     return {
@@ -284,6 +289,8 @@ def memory_child(case: str, folder: str, copy_folder: str, size: str) -> dict:
         "peak_mib": peak_rss_mib(),
         "weights_mib": weights / (1 << 20),  # the loaded components' parameters and buffers
         "generation_expert_mib": generation_bytes(chat_model) / (1 << 20),  # of one copy's net
+        "llm": {k: getattr(config, k) for k in MEDIUM_LLM},
+        "params": sum(p.numel() for p in chat_model.instance.net.parameters()),
     }
 
 
@@ -399,6 +406,9 @@ def run(folder: Path, size: str, repeats: int, threads: int) -> dict:
 
     s = SIZES[size]
     write_checkpoint(folder, **s["checkpoint"], dtype=torch.bfloat16)
+    memory_folder = folder.with_name(f"bagel-{s['memory']}")
+    if memory_folder != folder:
+        write_checkpoint(memory_folder, **SIZES[s["memory"]]["checkpoint"], dtype=torch.bfloat16)
     model = load(folder, fv_core.load_plugins(env={"FV_PLUGINS": "fv-bagel"}))
     prompts = pick_prompts(model, s["max_tokens"])
     freeze_heap()
@@ -416,7 +426,7 @@ def run(folder: Path, size: str, repeats: int, threads: int) -> dict:
         },
         "chat": tokens_bench(model, prompts, s["max_tokens"], repeats),
         "denoise": denoise_bench(model, s["side"], s["steps"], repeats),
-        "memory": memory_bench(folder, size, threads),
+        "memory": memory_bench(memory_folder, s["memory"], threads),
     }
 
 

@@ -99,6 +99,9 @@ class WorkPlan:
     peak_bytes: int = 0  # worst-case transient memory of this step
     emits: tuple[str, ...] = ("progress",)  # stream event kinds this step produces
     label: str = ""  # human-readable name, e.g. "denoise 3/30"
+    # tensor input -> a dim along which plans of one batch may differ: each is zero-padded (False for
+    # bool masks) to the longest along it before concatenation (ragged contexts with a valid mask)
+    ragged: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

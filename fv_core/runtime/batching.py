@@ -1,11 +1,12 @@
 """Run compatible plans of several requests as one call.
 
 Plans with equal ``batch_key`` run as one ``body`` call on their tensor
-inputs concatenated along dim 0 (``batch_size`` rows each); non-tensor
-inputs must be equal, except block hooks (``BLOCKS_INPUT``): each plan's
-own hook goes into one :class:`~fv_core.loop.spans.BlockHooks` over its rows,
-so every request's interceptor decides on its rows alone. Tensor outputs are split back by rows, non-tensor
-outputs are shared. Measured time is attributed in proportion to each
+inputs concatenated along dim 0 (``batch_size`` rows each; a ``ragged`` input
+zero-padded first to the longest along its ragged dim); non-tensor inputs
+must be equal, except block hooks (``BLOCKS_INPUT``): each plan's own hook
+goes into one :class:`~fv_core.loop.spans.BlockHooks` over its rows, so every
+request's interceptor decides on its rows alone. Tensor outputs are split back
+by rows, non-tensor outputs are shared. Measured time is attributed in proportion to each
 plan's predicted cost.
 """
 
@@ -39,7 +40,10 @@ def concat_inputs(plans: list[WorkPlan]) -> dict[str, Any]:
                         f"plan {p.label!r}: input {name!r} has {rows} rows but batch_size={p.batch_size}; "
                         "tensor inputs of a batchable plan need a leading dim of batch_size"
                     )
-            out[name] = torch.cat([p.inputs[name] for p in plans], dim=0)
+            tensors = [p.inputs[name] for p in plans]
+            if name in first.ragged:
+                tensors = padded(tensors, first.ragged[name])
+            out[name] = torch.cat(tensors, dim=0)
         else:
             for p in plans[1:]:
                 if p.inputs.get(name) is not value and p.inputs.get(name) != value:
@@ -48,6 +52,16 @@ def concat_inputs(plans: list[WorkPlan]) -> dict[str, Any]:
                         f"non-tensor input {name!r}; put it in the batch key or make it a tensor"
                     )
             out[name] = value
+    return out
+
+
+def padded(tensors: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
+    """``tensors`` zero-padded at the end of ``dim`` to the longest (a ragged input, see WorkPlan.ragged)."""
+    size = max(t.shape[dim] for t in tensors)
+    out = []
+    for t in tensors:
+        pad = [0, 0] * (t.dim() - dim - 1) + [0, size - t.shape[dim]]
+        out.append(torch.nn.functional.pad(t, pad) if size > t.shape[dim] else t)
     return out
 
 

@@ -160,3 +160,22 @@ def test_step_cost_model_prices_plans_without_cost(model):
     sched = Scheduler(LoopContext(), AdmissionController(Budget(compute_s=10.0)), cost, SchedulerConfig())
     entry = sched.submit(NullLoop(), Request("n", params={"steps": 4}), None)
     assert entry.pending.cost_s == 1e-6 and entry.need.compute_s == pytest.approx(4e-6)
+
+
+def test_ragged_inputs_are_padded_to_the_longest_before_concatenation():
+    from fv_core.loop.contracts import WorkPlan, WorkUnitKind
+    from fv_core.runtime.batching import concat_inputs
+
+    def plan(length: int) -> WorkPlan:
+        inputs = {"k": torch.ones(1, 2, length), "valid": torch.ones(1, length, dtype=torch.bool)}
+        return WorkPlan(
+            kind=WorkUnitKind.AR_TOKEN, body=lambda x: x, inputs=inputs, ragged={"k": 2, "valid": 1}
+        )
+
+    merged = concat_inputs([plan(3), plan(5)])
+    assert merged["k"].shape == (2, 2, 5) and merged["valid"].shape == (2, 5)
+    assert merged["valid"].sum(1).tolist() == [3, 5] and merged["k"][0, :, 3:].abs().sum() == 0
+    plain = plan(3)
+    plain.ragged = {}
+    with pytest.raises(RuntimeError):  # without ragged, lengths must agree
+        concat_inputs([plain, plan(5)])

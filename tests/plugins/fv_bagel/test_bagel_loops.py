@@ -173,6 +173,33 @@ def test_ragged_token_steps_batch_across_requests_bit_for_bit(bagel, monkeypatch
     )  # token steps of requests of different lengths shared calls
 
 
+def test_token_steps_of_different_length_buckets_share_a_call(bagel, monkeypatch):
+    """Contexts of 4 and 60 tokens (buckets 16 and 64) are rows of one call, padded to the longest
+    (WorkPlan.ragged); each row's tokens equal its solo run's bit for bit."""
+    calls = []
+    body = bagel_loop.text_body
+
+    def spy(net, exact, causal, inputs):
+        if inputs["ids"].shape[1] == 1:  # a token step
+            calls.append(sorted(int(n) for n in inputs["ctx_valid"].sum(1)))
+        return body(net, exact, causal, inputs)
+
+    monkeypatch.setattr(bagel_loop, "text_body", spy)
+
+    def items():
+        prompts = ["hi", "a long question about " + "the red cat " * 15]
+        return [
+            bagel.job(
+                bagel.prepare({"prompt": p, "max_tokens": 5, "seed": 2}, task="chat", request_id=f"q{i}")
+            )
+            for i, p in enumerate(prompts)
+        ]
+
+    report = check_batched_parity(Engine, items, tol=0.0)
+    assert report.max_abs == 0.0
+    assert any(len(c) == 2 and c[0] <= 16 < 32 < c[1] for c in calls), calls
+
+
 def golden_run(bagel) -> dict:
     chat = bagel.generate(task="chat", prompt="describe the image", max_tokens=12, temperature=0.9, seed=7)
     image = bagel.generate(task="t2i", prompt="a red cat on a table", num_inference_steps=5, seed=7)

@@ -14,9 +14,9 @@ running out of them mid-decode.
 
 AR decode: each token step feeds the last token at the next position and appends its keys/values;
 sampling (greedy / temperature / top-k / top-p), EOS, stop strings and ``max_tokens`` run in
-``advance`` on the request's own generator. Token steps of different requests batch as rows: each
-row's context is padded to a shared length bucket (``BUCKET``) with its real tokens marked, so
-requests of different lengths share one call while their lengths fall in one power-of-two bucket.
+``advance`` on the request's own generator. Token steps of different requests batch as rows
+whatever their context lengths: each row's context is padded to a power-of-two bucket (``BUCKET``)
+with its real tokens marked, and the rows of one call to the longest (``WorkPlan.ragged``).
 
 Denoise: ``<|vision_start|> latents <|vision_end|>`` is a query over the context that attends to
 it and to itself in full and is never written to the cache (the prefix is reused by every step).
@@ -133,8 +133,7 @@ def decode_body(vae: Any, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def bucket(length: int) -> int:
-    """The padded context length of a step: the next power of two from ``BUCKET`` (few distinct shapes,
-    so requests whose lengths differ within a bucket share a batch key)."""
+    """The padded context length of a step: the next power of two from ``BUCKET`` (few distinct shapes)."""
     size = BUCKET
     while size < length:
         size *= 2
@@ -401,7 +400,8 @@ class ChatLoop(_Base):
             kind=WorkUnitKind.AR_TOKEN,
             body=partial(text_body, inst.net, inst.exact, True),
             inputs=inputs,
-            batch_key=self._key("ar_decode", (inputs["ctx_k"].shape[3],)),
+            batch_key=self._key("ar_decode", ()),  # any context lengths share a call: padded to the longest
+            ragged={"ctx_k": 3, "ctx_v": 3, "ctx_valid": 1},
             emits=("progress", "partial"),
             label=f"token {len(state.values['generated']) + 1}",
         )
