@@ -175,13 +175,16 @@ def test_ragged_token_steps_batch_across_requests_bit_for_bit(bagel, monkeypatch
 
 def test_token_steps_of_different_length_buckets_share_a_call(bagel, monkeypatch):
     """Contexts of 4 and 60 tokens (buckets 16 and 64) are rows of one call, padded to the longest
-    (WorkPlan.ragged); each row's tokens equal its solo run's bit for bit."""
-    calls = []
+    (WorkPlan.ragged), and so are the prompts' prefills; each row's tokens equal its solo run's bit
+    for bit."""
+    calls, prefills = [], []
     body = bagel_loop.text_body
 
     def spy(net, exact, causal, inputs):
         if inputs["ids"].shape[1] == 1:  # a token step
             calls.append(sorted(int(n) for n in inputs["ctx_valid"].sum(1)))
+        else:
+            prefills.append(inputs["ids"].shape)
         return body(net, exact, causal, inputs)
 
     monkeypatch.setattr(bagel_loop, "text_body", spy)
@@ -198,6 +201,7 @@ def test_token_steps_of_different_length_buckets_share_a_call(bagel, monkeypatch
     report = check_batched_parity(Engine, items, tol=0.0)
     assert report.max_abs == 0.0
     assert any(len(c) == 2 and c[0] <= 16 < 32 < c[1] for c in calls), calls
+    assert any(shape[0] == 2 for shape in prefills), prefills  # 4 and 60 tokens: one padded call
 
 
 def golden_run(bagel) -> dict:

@@ -49,6 +49,7 @@ from fv_core import (
 )
 from fv_core.kv import KVSeq, PagedKVPool
 
+RAGGED_CONTEXT = {"ctx_k": 3, "ctx_v": 3, "ctx_valid": 1}  # padded context inputs: rows differ in length
 BUCKET = 16  # smallest padded context length of a step's inputs (then powers of two: ragged rows batch)
 
 VLM_THINK_SYSTEM_PROMPT = (  # BAGEL's system prompts for thinking (inferencer.py)
@@ -211,6 +212,16 @@ def _check_positions(inst: BagelModel, needed: int, what: str) -> None:
         )
 
 
+def written(out: dict[str, Any], segment: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys/values a step wrote for its row's own tokens: a text ``segment``'s block, padded in a
+    ragged batch, is cut back to its tokens; other blocks are kept whole."""
+    k, v = out["k"][0], out["v"][0]
+    if segment is None or segment["kind"] != "text":
+        return k, v
+    n = len(segment["ids"])
+    return k[..., :n, :], v[..., :n, :]
+
+
 def _plain(seq: KVSeq) -> dict[str, Any]:
     """A pool sequence as LoopState values hold it (plain data)."""
     return {"pages": list(seq.pages), "length": seq.length}
@@ -247,6 +258,10 @@ class _Base:
                 kind=WorkUnitKind.AR_PREFILL,
                 body=partial(text_body, net, inst.exact, True),
                 inputs=_plan_inputs([ctx], ids=ids, pos=pos),
+                # texts of any lengths share a call: each row's block padded at its end (causal: its
+                # tokens never see the padding; advance keeps only its own tokens' keys/values)
+                batch_key=self._key("ar_prefill", ()),
+                ragged={"ids": 1, "pos": 1, **RAGGED_CONTEXT},
                 label=f"prefill {ids.shape[1]} tokens",
             )
         if segment["kind"] == "vae":
@@ -359,9 +374,11 @@ class ChatLoop(_Base):
     def _ctx(self, state: LoopState) -> dict[str, Any]:
         return {"seq": state.values["seq"], "pool": self.instance.kv_pool, "rope": state.values["rope"]}
 
-    def _append(self, state: LoopState, out: dict[str, Any], rope_advance: int) -> None:
+    def _append(
+        self, state: LoopState, out: dict[str, Any], rope_advance: int, segment: dict[str, Any] | None = None
+    ) -> None:
         """Write a block's keys/values after the context (into this request's own pages)."""
-        seq = self.instance.kv_pool.append(KVSeq(**state.values["seq"]), out["k"][0], out["v"][0])
+        seq = self.instance.kv_pool.append(KVSeq(**state.values["seq"]), *written(out, segment))
         state.values["seq"] = {"pages": seq.pages, "length": seq.length}
         state.values["rope"] += rope_advance
 
@@ -401,7 +418,7 @@ class ChatLoop(_Base):
             body=partial(text_body, inst.net, inst.exact, True),
             inputs=inputs,
             batch_key=self._key("ar_decode", ()),  # any context lengths share a call: padded to the longest
-            ragged={"ctx_k": 3, "ctx_v": 3, "ctx_valid": 1},
+            ragged=RAGGED_CONTEXT,
             emits=("progress", "partial"),
             label=f"token {len(state.values['generated']) + 1}",
         )
@@ -410,7 +427,7 @@ class ChatLoop(_Base):
         out = result.outputs
         if state.values["segments"]:
             segment = state.values["segments"].pop(0)
-            self._append(state, out, len(segment["ids"]) if segment["kind"] == "text" else 1)
+            self._append(state, out, len(segment["ids"]) if segment["kind"] == "text" else 1, segment)
             if state.values["keep_contexts"]:  # a later stage reuses the context after each segment
                 fork = self.instance.kv_pool.fork(KVSeq(**state.values["seq"]))
                 state.values["kept"].append({"seq": _plain(fork), "rope": state.values["rope"]})
@@ -743,8 +760,8 @@ class ImageLoop(_Base):
             else:  # a new context over the source's pages (shared, not copied)
                 pool.release(KVSeq(**v["ctx"][name]["seq"]))
                 base = pool.fork(KVSeq(**src["seq"]))
-            seq = pool.append(base, out["k"][0], out["v"][0])
             advance = len(segment["ids"]) if segment["kind"] == "text" else 1
+            seq = pool.append(base, *written(out, segment))
             v["ctx"][name] = {"seq": _plain(seq), "rope": src["rope"] + advance}
             if not v["pending"]:
                 v["phase"] = "denoise"
