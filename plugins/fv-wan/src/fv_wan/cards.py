@@ -1,6 +1,7 @@
 """Model cards: Wan2.1 T2V (tiny, shapes, 1.3B, 14B), the shapes model's DMD2 students (1 and 2 steps)
 and its DiffusionNFT fine-tune, FastWan 1.3B (DMD2, 3 steps), Wan2.1 I2V 14B
-(480p, 720p), Wan2.2 TI2V-5B and Wan2.2 A14B (T2V, I2V), plus tiny random-weight cards of each variant."""
+(480p, 720p), Wan2.2 TI2V-5B and Wan2.2 A14B (T2V, I2V), plus tiny random-weight cards of each variant,
+and causal Wan (chunked autoregressive, block-causal attention with a rolling KV cache) at tiny size."""
 
 from __future__ import annotations
 
@@ -628,6 +629,104 @@ def wan22_i2v_a14b() -> ModelCard:
     )
 
 
+# ---- causal Wan: chunked autoregressive generation with a rolling KV cache (fv_wan.causal) ----
+
+CAUSAL_TIMESTEPS = [1000, 750, 500, 250]  # Self-Forcing's four fixed steps per chunk (under the flow shift)
+CAUSAL_LOOP_FACTORY = "fv_wan.causal_loop:CausalWanLoop"
+
+
+def causal_card(
+    model_id: str,
+    description: str,
+    cost: StepCostModel,
+    *,
+    defaults: dict,
+    config: dict[str, dict] | None,
+    max_frames: int | None,
+    max_resolution: tuple[int, int] | None,
+    kv_bytes: int,
+    default_weights: str | None = None,
+    timesteps: list[int] = CAUSAL_TIMESTEPS,
+) -> ModelCard:
+    """A causal Wan card on a Wan T2V folder: loop ``causal`` runs the fixed ``timesteps`` per chunk;
+    ``defaults`` hold the chunking (``chunk_frames``, ``context_timestep``, ``window_frames``,
+    ``sink_frames``: fv_wan.causal.CausalWanParams); ``kv_bytes``: the paged KV pool of its chunks'
+    keys/values (resident whole; admission reserves each request's window of pages)."""
+    loop = LoopSpec(
+        kind=LoopKind.CHUNK_ROLLOUT,
+        work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
+        loop_factory=CAUSAL_LOOP_FACTORY,
+        components=["tokenizer", "text_encoder", "transformer", "vae", "scheduler"],
+        cache_policy=["text_embeddings", "text_kv", "causal_kv"],
+        step_cost=cost,
+        steps=StepsContract(min_steps=len(timesteps), max_steps=len(timesteps), fixed_timesteps=timesteps),
+        samplers=["dmd"],
+        params="fv_wan.causal:CausalWanParams",
+    )
+    recipe = RecipeSpec(
+        method="self_forcing",
+        assumes_loop="causal",
+        description=f"causal (chunk-autoregressive) Wan: {len(timesteps)} fixed steps {timesteps} per chunk, "
+        "no CFG, the clean chunk re-run into the KV cache at the context timestep",
+    )
+    card = wan_card(
+        model_id,
+        description,
+        {"causal": loop},
+        recipe,
+        defaults=dict(guidance_scale=1.0, sampler="dmd", **defaults),
+        config=config,
+        max_frames=max_frames,
+        max_resolution=max_resolution,
+        kv_capacity=64,
+        interceptors=set(),  # block-causal steps over a cache: no step or block reuse
+        default_weights=default_weights,
+        tasks=("t2v",),
+    )
+    caches = dict(card.caches)
+    caches["causal_kv"] = CacheContract(
+        kind="kv",
+        component="transformer",
+        key_fields=["model", "component", "weights_version", "precision"],
+        capacity=1 << 20,
+        max_bytes=kv_bytes,
+    )
+    parity = ParitySpec(
+        level="C1",
+        reference="fv_wan.causal:recompute_generate",  # the same causal model by full recompute, no cache
+        tolerances={"latents": 1e-5, "frames": 1e-5, "frames_batched": 2e-4},
+    )
+    return card.model_copy(
+        update={"caches": caches, "parity": parity, "instance_factory": "fv_wan.causal:CausalWanModel"}
+    )
+
+
+def wan_tiny_causal() -> ModelCard:
+    return causal_card(
+        "wan2.1-t2v-tiny-causal",
+        "Causal (chunk-autoregressive) Wan2.1 T2V on the tiny RANDOM-weight checkpoint of wan2.1-t2v-tiny: "
+        "block-causal attention over chunks of 1 latent frame, 4 fixed steps per chunk, a rolling KV "
+        "cache of 3 frames keeping 1 sink frame; outputs are noise, for tests and demos.",
+        StepCostModel(base_s=0.004, per_token_s=2e-6),
+        defaults=dict(
+            num_frames=9,
+            height=32,
+            width=32,
+            num_inference_steps=len(CAUSAL_TIMESTEPS),
+            flow_shift=5.0,
+            chunk_frames=1,
+            context_timestep=0,
+            window_frames=3,
+            sink_frames=1,
+        ),
+        config=architecture(layers=2, heads=2, head_dim=16, text_dim=32, text_layers=2),
+        max_frames=81,
+        max_resolution=(512, 512),
+        kv_bytes=8 << 20,
+        default_weights="fv_wan.tiny:tiny_weights",
+    )
+
+
 CARDS = (
     wan_tiny,
     wan_shapes,
@@ -646,4 +745,5 @@ CARDS = (
     wan22_ti2v_5b,
     wan22_t2v_a14b,
     wan22_i2v_a14b,
+    wan_tiny_causal,
 )

@@ -23,6 +23,7 @@ CARDS = {
     "wan2.2-ti2v-5b": "fv_wan.cards:wan22_ti2v_5b",
     "wan2.2-t2v-a14b": "fv_wan.cards:wan22_t2v_a14b",
     "wan2.2-i2v-a14b": "fv_wan.cards:wan22_i2v_a14b",
+    "wan2.1-t2v-tiny-causal": "fv_wan.cards:wan_tiny_causal",
 }
 
 
@@ -42,6 +43,7 @@ def fv_register_components(register) -> None:
 @hookimpl
 def fv_register_loops(register) -> None:
     register("wan.t2v", "fv_wan.loop:WanLoop")
+    register("wan.causal", "fv_wan.causal_loop:CausalWanLoop")
 
 
 @hookimpl

@@ -1,0 +1,329 @@
+"""The causal Wan loop: encode -> text K/V -> per chunk (denoise steps -> decode -> cache write).
+
+A request's latent frames are made ``chunk_frames`` at a time. Each chunk starts from its slice of
+the request's noise and runs the card's fixed timesteps (predict the velocity, take x0, re-noise to the
+next timestep with the request's generator), one DIFFUSION_STEP each. The finished chunk is decoded
+at once by the VAE, frame by frame, carrying the decoder's causal feature cache in the LoopState
+(a VAE_TILE step whose ``partial`` event carries the chunk's frames: what a stream shows), and,
+unless it is the last, run once more at the context timestep to write every block's keys/values into
+the request's sequence of the instance's paged KV pool (an AR_PREFILL step). Before that write the
+rolling window drops the oldest frames after the sinks (whole pages when frames fill whole pages).
+
+A chunk pass is one body (:func:`fv_wan.causal.chunk_body`) for both kinds: its inputs are the chunk's
+latents, timestep, per-frame RoPE and its context gathered from the pool, padded to a power-of-two
+number of frames (at most the window) with a mask of real tokens, so passes of different requests
+with equal chunk shapes and context buckets batch as rows. The final video is the chunks' frames in
+order; the pool's pages come back on finish and on cancel (``release``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+
+from fv_core import (
+    BatchKey,
+    ConfigError,
+    Done,
+    LoopKind,
+    LoopResult,
+    LoopState,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+)
+from fv_core.kv import KVSeq, PagedKVPool
+from fv_wan.causal import (
+    CausalWanModel,
+    CausalWanParams,
+    chunk_body,
+    chunk_decode_body,
+    chunk_schedule,
+    drop_tokens,
+    evict,
+    frame_rope,
+    renoise,
+    shifted,
+)
+from fv_wan.loop import WanLoop
+from fv_wan.variant import HIGH_NOISE
+
+DIT = HIGH_NOISE  # the transformer component
+
+
+def context_frames(cached: int, window: int) -> int:
+    """Frames a chunk pass's context is padded to: the next power of two of ``cached`` (at most the
+    window), so contexts of nearby lengths share a batch key; 0 for an empty cache."""
+    if cached == 0:
+        return 0
+    size = 1
+    while size < cached:
+        size *= 2
+    return min(size, window)
+
+
+class CausalWanLoop(WanLoop):
+    """The loop of causal Wan cards (task ``t2v``), bound to one live CausalWanModel. The prompt's
+    encode and text keys/values are WanLoop's; every request's state is its LoopState."""
+
+    instance: CausalWanModel
+
+    def __init__(self, instance: CausalWanModel) -> None:
+        if not isinstance(instance, CausalWanModel):
+            raise ConfigError(
+                f"a CausalWanLoop runs on a CausalWanModel (it owns the KV pool), not {type(instance).__name__}. "
+                "Fix: load a causal card with fv_core.load(...) (its instance_factory makes one)."
+            )
+        super().__init__(instance)
+
+    def init(self, request, instance=None, ctx=None) -> LoopState:
+        p = request.params
+        if not isinstance(p, CausalWanParams):
+            raise ConfigError(
+                f"request {request.request_id!r} carries {type(p).__name__} params, not CausalWanParams. "
+                "Fix: build requests with LoadedModel.prepare on a causal card."
+            )
+        state = super().init(request, instance, ctx)
+        inst, t, v = self.instance, state.tensors, state.values
+        fixed = inst.card.loops[state.loop_id].steps.fixed_timesteps
+        if not fixed:
+            raise ConfigError(
+                f"card {inst.card.model_id!r} loop {state.loop_id!r} pins no fixed_timesteps; a causal loop runs a "
+                "fixed few-step schedule per chunk. Fix: set steps.fixed_timesteps on the card's loop."
+            )
+        train_steps = int(inst.scheduler_config.get("num_train_timesteps", 1000))
+        timesteps, sigmas = chunk_schedule(fixed, p.flow_shift, train_steps)
+        noise = t.pop("latents")
+        n = p.chunk_frames
+        chunks = noise.shape[2] // n
+        _, p_h, p_w = inst.variant.patch
+        t.update(timesteps=timesteps, sigmas=sigmas, noise=noise, x=noise[:, :, :n].clone())
+        v.update(
+            chunk=0,
+            chunks=chunks,
+            chunk_step=0,
+            chunk_frames=n,
+            decoded=False,
+            window=p.window_frames,
+            sink=p.sink_frames,
+            context_sigma=shifted(p.context_timestep, p.flow_shift, train_steps),
+            train_steps=train_steps,
+            tokens_per_frame=(noise.shape[3] // p_h) * (noise.shape[4] // p_w),
+            seq={"pages": [], "length": 0},  # the request's sequence of the KV pool
+            cache_frames=[],  # the latent frames it holds, in order
+            evicted=[],  # frames the rolling window dropped
+            max_cached_frames=0,
+            vae_cache=None,  # markers of the decoder's feature cache (tensors under "vae_cache.<i>")
+        )
+        state.total_steps = chunks * v["steps"] + chunks - 1  # transformer passes: denoise steps and writes
+        v["phase"] = self._next_phase(state)
+        return state
+
+    def _next_phase(self, state: LoopState) -> str:
+        """What the request still lacks: text, its keys/values, then per chunk: denoise steps, the chunk's
+        frames, its cache write (not for the last chunk)."""
+        t, v = state.tensors, state.values
+        if "chunks" not in v:
+            return "init"  # WanLoop.init asks before this loop's init has set the chunks up
+        if "text" not in t:
+            return "encode"
+        if f"kv.{DIT}" not in t and not self._cached_kv(state, DIT):
+            v["kv_for"] = DIT
+            return "text_kv"
+        if v["chunk"] >= v["chunks"]:
+            return "done"
+        if v["chunk_step"] < v["steps"]:
+            return "chunk_denoise"
+        return "chunk_write" if v["decoded"] else "chunk_decode"
+
+    def next(self, state: LoopState) -> WorkPlan | Done:
+        phase = state.values["phase"]
+        if phase in ("chunk_denoise", "chunk_write"):
+            return self._chunk_plan(state, write=phase == "chunk_write")
+        if phase == "chunk_decode":
+            return self._decode_plan(state)
+        if phase == "done":
+            return Done()
+        return super().next(state)  # encode, text keys/values
+
+    def advance(self, state: LoopState, result: StepResult) -> LoopState:
+        phase = state.values["phase"]
+        if phase == "chunk_denoise":
+            self._denoised(state, result.outputs)
+        elif phase == "chunk_write":
+            self._written(state, result.outputs)
+        elif phase == "chunk_decode":
+            self._decoded(state, result)
+        else:
+            return super().advance(state, result)
+        state.values["phase"] = self._next_phase(state)
+        return state
+
+    def finalize(self, state: LoopState) -> LoopResult:
+        self.release(state)
+        v, t = state.values, state.tensors
+        metrics = {
+            "steps": state.step,
+            "chunks": v["chunks"],
+            "chunk_frames": v["chunk_frames"],
+            "text_cache_hits": v["cache_hits"],
+            "kv_cache_hits": v["kv_cache_hits"],
+            "sampler": "dmd",
+            "cfg": "off",
+            "evicted_frames": list(v["evicted"]),
+            "max_cached_frames": v["max_cached_frames"],
+            "kernels": {"attention": "sdpa (block-causal, fv_wan.causal)"},
+            "weights_versions": dict(v.get("weights_versions", {})),
+        }
+        return LoopResult({"frames": t["frames"], "latents": t["latents"]}, metrics)
+
+    def estimate(self, state: LoopState) -> tuple[float, int]:
+        """Predicted seconds of the transformer passes left (each over a chunk and at most a window of
+        context); decode and encode are small."""
+        v = state.values
+        if "chunks" not in v:
+            return 0.0, 0
+        cost = self.instance.card.loops[state.loop_id].step_cost
+        tokens = (v["chunk_frames"] + v["window"]) * v["tokens_per_frame"]
+        left = (state.total_steps or 0) - state.step
+        return left * (cost.base_s + cost.per_token_s * tokens), 0
+
+    def kv_need(self, state: LoopState) -> tuple[PagedKVPool, int]:
+        """The pool and the most pages the request holds: its window full (or every chunk but the last,
+        which is never written, when that is fewer frames)."""
+        pool, v = self.instance.kv_pool, state.values
+        frames = min(v["window"], (v["chunks"] - 1) * v["chunk_frames"])
+        return pool, pool.pages_for(frames * v["tokens_per_frame"])
+
+    def release(self, state: LoopState) -> None:
+        """Return the request's pages to the pool (on finish, and when it is cancelled or fails)."""
+        seq = state.values.get("seq")
+        if seq and seq["pages"]:
+            self.instance.kv_pool.release(KVSeq(**seq))
+        state.values["seq"] = {"pages": [], "length": 0}
+
+    def replay_plan(self, record: Any, step: Any) -> WorkPlan:
+        raise ConfigError(
+            "replaying recorded steps of the causal Wan loop is not supported yet (its steps read a KV pool "
+            "the record does not hold). Fix: replay records of the bidirectional Wan loop."
+        )
+
+    # ---- plans ----
+
+    def _chunk_plan(self, state: LoopState, write: bool) -> WorkPlan:
+        inst, t, v = self.instance, state.tensors, state.values
+        c, n, s = v["chunk"], v["chunk_frames"], v["chunk_step"]
+        if write:
+            latents, timestep = t["context"], v["context_sigma"] * v["train_steps"]
+        else:
+            latents, timestep = t["x"], float(t["timesteps"][s])
+        transformer = inst.component(DIT, self._pin(state, DIT))
+        pool, seq = inst.kv_pool, KVSeq(**v["seq"])
+        tpf = v["tokens_per_frame"]
+        ctx = pool.gather([seq], context_frames(len(v["cache_frames"]), v["window"]) * tpf)
+        cos, sin = frame_rope(transformer, c * n, n, latents.shape[3], latents.shape[4])
+        kv = t[f"kv.{DIT}"][:1]
+        inputs = {
+            "latents": latents.to(inst.dtype),
+            "timestep": torch.tensor([timestep], dtype=torch.float32, device=latents.device),
+            "kv": kv,
+            "rope_cos": cos,
+            "rope_sin": sin,
+            **ctx,
+        }
+        precision = str(inst.dtype).removeprefix("torch.")
+        shape_sig = (tuple(latents.shape[1:]), tuple(kv.shape[1:]), int(ctx["ctx_k"].shape[3]))
+        cost = inst.card.loops[state.loop_id].step_cost
+        tokens = cos.shape[1] + ctx["ctx_k"].shape[3]
+        label = f"chunk {c + 1}/{v['chunks']} " + ("cache write" if write else f"step {s + 1}/{v['steps']}")
+        return WorkPlan(
+            kind=WorkUnitKind.AR_PREFILL if write else WorkUnitKind.DIFFUSION_STEP,
+            body=partial(chunk_body, transformer),
+            inputs=inputs,
+            # denoise steps and cache writes are one body: either batches with the other
+            batch_key=BatchKey(self._on(state, DIT), LoopKind.CHUNK_ROLLOUT.value, shape_sig, precision),
+            cost_s=cost.base_s + cost.per_token_s * tokens,
+            label=label,
+        )
+
+    def _decode_plan(self, state: LoopState) -> WorkPlan:
+        v = state.values
+        vae = self.instance.component("vae", self._pin(state, "vae"))
+        return WorkPlan(
+            kind=WorkUnitKind.VAE_TILE,
+            body=partial(chunk_decode_body, vae),
+            inputs={"latents": state.tensors["x"], "cache": self._vae_cache(state)},
+            emits=("progress", "partial"),
+            label=f"decode chunk {v['chunk'] + 1}/{v['chunks']}",
+        )
+
+    # ---- folding results ----
+
+    def _denoised(self, state: LoopState, out: dict[str, Any]) -> None:
+        """A few-step update: x0 from the velocity, re-noised to the next timestep (x0 after the last)."""
+        t, v = state.tensors, state.values
+        i, sigmas = v["chunk_step"], t["sigmas"]
+        x0 = t["x"] - sigmas[i] * out["velocity"].float()
+        t["x"] = renoise(x0, float(sigmas[i + 1]), state.generator)
+        v["chunk_step"] += 1
+        state.step += 1
+        if v["chunk_step"] == v["steps"]:  # the chunk is clean
+            t["latents"] = t["x"] if "latents" not in t else torch.cat([t["latents"], t["x"]], 2)
+            if v["chunk"] < v["chunks"] - 1:  # what the cache write runs: the chunk at the context timestep
+                t["context"] = renoise(t["x"], v["context_sigma"], state.generator)
+
+    def _decoded(self, state: LoopState, result: StepResult) -> None:
+        """Keep the chunk's frames and the decoder's cache; the step's stream event carries the frames."""
+        t, v, out = state.tensors, state.values, result.outputs
+        frames = out["frames"]
+        t["frames"] = frames if "frames" not in t else torch.cat([t["frames"], frames], 0)
+        self._keep_vae_cache(state, out["cache"])
+        # the step's "partial" event: this chunk's frames and latents (a stream consumer holds no cache)
+        result.outputs = {"chunk": v["chunk"], "frames": frames, "latents": t["x"]}
+        v["decoded"] = True
+        if v["chunk"] == v["chunks"] - 1:
+            v["chunk"] += 1
+
+    def _written(self, state: LoopState, out: dict[str, Any]) -> None:
+        """Make room under the window (dropping the oldest frames after the sinks), then append the chunk's
+        keys/values; the next chunk starts from its noise."""
+        pool, t, v = self.instance.kv_pool, state.tensors, state.values
+        n, tpf, frames = v["chunk_frames"], v["tokens_per_frame"], v["cache_frames"]
+        kept, dropped = evict(frames, n, v["window"], v["sink"])
+        seq = KVSeq(**v["seq"])
+        if dropped:
+            start = frames.index(dropped[0]) * tpf
+            seq = drop_tokens(pool, seq, start, start + len(dropped) * tpf)
+            v["evicted"].extend(dropped)
+        seq = pool.append(seq, out["k"][0], out["v"][0])
+        c = v["chunk"]
+        v["seq"] = {"pages": list(seq.pages), "length": seq.length}
+        v["cache_frames"] = kept + list(range(c * n, (c + 1) * n))
+        v["max_cached_frames"] = max(v["max_cached_frames"], len(v["cache_frames"]))
+        state.step += 1
+        del t["context"]
+        v.update(chunk=c + 1, chunk_step=0, decoded=False)
+        t["x"] = t["noise"][:, :, (c + 1) * n : (c + 2) * n].clone()
+
+    @staticmethod
+    def _vae_cache(state: LoopState) -> list | None:
+        """The decoder's feature cache as its decode reads it (None before the first chunk)."""
+        markers = state.values["vae_cache"]
+        if markers is None:
+            return None
+        return [state.tensors[f"vae_cache.{i}"] if m == "tensor" else m for i, m in enumerate(markers)]
+
+    @staticmethod
+    def _keep_vae_cache(state: LoopState, cache: list) -> None:
+        """Store the decoder's feature cache in the LoopState: tensors by index, other entries as markers."""
+        markers = []
+        for i, entry in enumerate(cache):
+            if isinstance(entry, torch.Tensor):
+                state.tensors[f"vae_cache.{i}"] = entry
+                markers.append("tensor")
+            else:
+                state.tensors.pop(f"vae_cache.{i}", None)
+                markers.append(entry)
+        state.values["vae_cache"] = markers

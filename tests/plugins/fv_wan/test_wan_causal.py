@@ -1,0 +1,247 @@
+"""Causal Wan (wan2.1-t2v-tiny-causal): chunked autoregressive decode over a paged KV cache.
+
+The cached loop equals the same causal model computed by full recompute (every earlier chunk re-run
+from the patch embedding up under the block mask of its rolling window); the window keeps its sinks and
+never holds more than its frames; interleaved requests equal serial ones bit for bit; pages come back
+on finish and on cancel; every finished chunk streams its frames, which are the final video's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fv_core
+from fv_core import ConfigError, Done, RecipeLoopMismatch, StepResult
+from fv_core.kv import KVSeq, PagedKVPool
+from fv_core.parity import assert_interleave_parity, check_batched_parity
+from fv_core.runtime import Engine
+from fv_wan import causal
+from fv_wan.causal import drop_tokens, evict, recompute_generate, window_after
+from fv_wan.causal_loop import CausalWanLoop
+from fv_wan.loop import decode_body
+
+CAUSAL = "wan2.1-t2v-tiny-causal"
+
+
+@pytest.fixture(scope="module")
+def model(wan_host, tiny_path):
+    return fv_core.load(CAUSAL, tiny_path, host=wan_host)
+
+
+def prepared(model, rid="r", **params):
+    return model.prepare({"prompt": "a cat in the snow", **params}, request_id=rid)
+
+
+def run(model, request, on_event=None):
+    with torch.inference_mode():
+        return Engine(on_event=on_event).run_one(*model.job(request))
+
+
+def reference(model, request) -> torch.Tensor:
+    """The request's latents by full recompute: the prompt's text keys/values from the loop, then
+    ``recompute_generate`` on noise drawn as the loop draws it."""
+    loop, p = model.loop("causal"), request.params
+    with torch.inference_mode():
+        state = loop.init(request)
+        while state.values["phase"] in ("encode", "text_kv"):
+            plan = loop.next(state)
+            state = loop.advance(state, StepResult(plan.body(plan.inputs)))
+        kv, shape = state.tensors["kv.transformer"][:1], state.tensors["noise"].shape
+        loop.release(state)
+        gen = torch.Generator().manual_seed(p.seed)
+        noise = torch.randn(shape, generator=gen)
+        fixed = model.card.loops["causal"].steps.fixed_timesteps
+        return recompute_generate(model.instance.component("transformer"), kv, noise, p, fixed, gen)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(num_frames=13, chunk_frames=1, window_frames=8, sink_frames=0),  # no eviction
+        dict(num_frames=17, chunk_frames=1, window_frames=2, sink_frames=1),  # rolling, one sink
+        dict(num_frames=29, chunk_frames=2, window_frames=4, sink_frames=1, context_timestep=100),
+    ],
+    ids=["full-window", "rolling-sink", "chunk2-noisy-context"],
+)
+def test_cached_chunks_equal_full_recompute(model, params):
+    request = prepared(model, seed=7, **params)
+    result = run(model, request)
+    ref = reference(model, request)
+    diff = (result.outputs["latents"] - ref).abs().max().item()
+    assert diff <= 1e-5, f"cached vs full recompute: max |diff| {diff:.3g}"
+    assert ref.abs().max() > 0.5  # a real video, not zeros
+    if params["window_frames"] < 8:
+        assert result.metrics["evicted_frames"]  # the window dropped frames: the rolling path ran
+
+
+def test_the_window_and_the_context_change_the_video(model):
+    """The equivalence above is not vacuous: a chunk's output depends on what its window holds."""
+    wide = run(model, prepared(model, seed=7, num_frames=17, window_frames=8, sink_frames=0))
+    rolling = run(model, prepared(model, seed=7, num_frames=17, window_frames=2, sink_frames=1))
+    first, later = wide.outputs["latents"], rolling.outputs["latents"]
+    assert torch.equal(first[:, :, :3], later[:, :, :3])  # chunks 0-2 saw the same frames
+    assert (first[:, :, 3:] - later[:, :, 3:]).abs().max() > 1e-3  # chunk 3 saw frame 1 in one, not the other
+
+
+def test_window_policy():
+    assert evict([0, 1, 2], 1, 3, 1) == ([0, 2], [1])
+    assert evict([0, 1], 1, 3, 1) == ([0, 1], [])
+    assert window_after(3, 1, 2, 1) == [0, 2] and window_after(4, 1, 2, 1) == [0, 3]
+    assert window_after(3, 2, 4, 1) == [0, 3, 4, 5]  # room for a chunk of 2: frames 1 and 2 go
+    assert window_after(5, 1, 3, 0) == [2, 3, 4]
+
+
+@pytest.mark.parametrize("page_size", [2, 3, 4])
+def test_dropping_frames_keeps_the_rest_in_order(page_size):
+    """Whole pages go back when the dropped tokens fill whole pages; otherwise a copy; same contents."""
+    pool = PagedKVPool(2, 2, 4, page_size=page_size, num_pages=64)
+    k = torch.randn(2, 2, 12, 4)
+    seq = pool.append(KVSeq(), k, -k)
+    kept = drop_tokens(pool, seq, 4, 8)
+    got_k, got_v = pool.read(kept)
+    want = torch.cat([k[:, :, :4], k[:, :, 8:]], 2)
+    assert torch.equal(got_k, want) and torch.equal(got_v, -want)
+    assert pool.used_pages == pool.pages_for(8)
+    if page_size in (2, 4):  # aligned: the kept pages are the original ones
+        assert set(kept.pages) <= set(seq.pages)
+    pool.release(kept)
+    assert pool.used_pages == 0
+
+
+def _drive(loop, request, on_write=None):
+    with torch.inference_mode():
+        state = loop.init(request)
+        while not isinstance(plan := loop.next(state), Done):
+            phase = state.values["phase"]
+            state = loop.advance(state, StepResult(plan.body(plan.inputs)))
+            if phase == "chunk_write" and on_write is not None:
+                on_write(state)
+        return state, loop.finalize(state)
+
+
+def test_rolling_window_keeps_sinks_and_never_exceeds_the_window(model):
+    """After every cache write the request's sequence holds at most window_frames frames (pages of the
+    pool), its first sink_frames frames always, and its newest chunk."""
+    pool, window, sink = model.instance.kv_pool, 3, 2
+    request = prepared(model, num_frames=25, window_frames=window, sink_frames=sink)  # 7 latent frames
+    seen = []
+
+    def check(state):
+        v = state.values
+        frames, seq, tpf = v["cache_frames"], v["seq"], v["tokens_per_frame"]
+        assert len(frames) <= window and seq["length"] == len(frames) * tpf
+        assert len(seq["pages"]) == pool.pages_for(seq["length"]) <= pool.pages_for(window * tpf)
+        assert frames[: min(sink, len(frames))] == list(range(min(sink, len(frames))))
+        assert frames[-1] == v["chunk"] - 1  # the chunk just written
+        assert pool.used_pages == len(seq["pages"])
+        seen.append(list(frames))
+
+    _, result = _drive(model.loop("causal"), request, check)
+    assert seen == [[0], [0, 1], [0, 1, 2], [0, 1, 3], [0, 1, 4], [0, 1, 5]]
+    assert result.metrics["evicted_frames"] == [2, 3, 4] and result.metrics["max_cached_frames"] == window
+    assert pool.used_pages == 0
+
+
+def _items(model, batched_shapes=False):
+    def items():
+        reqs = [
+            prepared(model, "a", seed=1, num_frames=17, window_frames=2, sink_frames=1),
+            prepared(model, "b", seed=2, prompt="a red car at night", num_frames=13),
+            prepared(model, "c", seed=3, num_frames=21, chunk_frames=2, window_frames=4),
+        ]
+        if batched_shapes:
+            reqs.append(prepared(model, "d", seed=4, prompt="a boat", num_frames=17))
+        return [model.job(r) for r in reqs]
+
+    return items
+
+
+def test_interleave_gate(model):
+    report = assert_interleave_parity(Engine, _items(model))
+    assert report.ok and report.max_abs == 0.0
+    assert model.instance.kv_pool.used_pages == 0
+
+
+def test_chunk_steps_of_different_requests_batch(model, monkeypatch):
+    """Chunk passes of requests with equal chunk shapes and context buckets share one call (rows padded
+    to the bucket); batched equals serial within the card's batched tolerance."""
+    rows = []
+    body = causal.chunk_body
+
+    def spy(transformer, inputs):
+        rows.append(inputs["latents"].shape[0])
+        return body(transformer, inputs)
+
+    monkeypatch.setattr(causal, "chunk_body", spy)
+    monkeypatch.setattr("fv_wan.causal_loop.chunk_body", spy)
+    tol = model.card.parity.tolerances["frames_batched"]
+    report = check_batched_parity(Engine, _items(model, batched_shapes=True), tol)
+    assert report.ok and max(rows) >= 2
+    assert model.instance.kv_pool.used_pages == 0
+
+
+def test_pages_come_back_after_finish_and_cancel(model):
+    pool = model.instance.kv_pool
+    assert model.instance.resident_bytes() >= pool.nbytes > 0
+    sched = Engine().scheduler(batching=True)
+    for i in range(2):
+        sched.submit(*model.job(prepared(model, f"p{i}", seed=i, num_frames=17)))
+    with torch.inference_mode():
+        for _ in range(20):
+            sched.step()
+        assert pool.used_pages > 0
+        sched.cancel("p0")
+        while sched.has_work():
+            sched.step()
+    assert pool.used_pages == 0 and pool.reserved_pages == 0
+
+
+def test_every_chunk_streams_its_frames(model):
+    """Each finished chunk's ``partial`` event carries its frames (decoded with the VAE's causal cache);
+    together they are the final video, which equals decoding all latents at once."""
+    parts = []
+    result = run(
+        model,
+        prepared(model, seed=5, num_frames=13),
+        on_event=lambda e: e.kind == "partial" and parts.append(e.data),
+    )
+    assert [p["chunk"] for p in parts] == [0, 1, 2, 3]
+    assert [p["frames"].shape[0] for p in parts] == [1, 4, 4, 4]
+    streamed = torch.cat([p["frames"] for p in parts])
+    assert torch.equal(streamed, result.outputs["frames"])
+    with torch.inference_mode():
+        whole = decode_body(model.instance.component("vae"), {"latents": result.outputs["latents"]})[
+            "frames"
+        ][0]
+    assert (whole - streamed).abs().max().item() <= 1e-5
+
+
+def test_bad_values_name_the_value_the_rule_and_the_fix(model, tiny_model):
+    cases = [
+        (dict(guidance_scale=5.0), "guidance_scale=5.0", "Fix: use guidance_scale=1.0"),
+        (dict(num_frames=13, chunk_frames=3), "num_frames=13 makes 4 latent frames", "Fix: use num_frames=9"),
+        (
+            dict(window_frames=2, sink_frames=2),
+            "window_frames=2 cannot hold sink_frames=2",
+            "window_frames>=3",
+        ),
+    ]
+    for params, value, fix in cases:
+        with pytest.raises(ConfigError) as info:
+            prepared(model, **params)
+        assert value in str(info.value) and fix in str(info.value)
+    with pytest.raises(RecipeLoopMismatch, match="exactly 4 steps"):
+        prepared(model, num_inference_steps=3)
+    with pytest.raises(ConfigError, match="sink_frames"):
+        prepared(model, sink_frames=-1)
+    with pytest.raises(ConfigError, match="runs on a CausalWanModel"):
+        CausalWanLoop(tiny_model)
+
+
+def test_generate_writes_a_video(model, tmp_path):
+    video = model.generate(prompt="a dog running on the beach", num_frames=9, seed=1)
+    assert video.frames.shape == (9, 32, 32, 3) and np.isfinite(video.frames).all()
+    assert video.provenance["card"] == CAUSAL and video.provenance["params"]["chunk_frames"] == 1
+    path = video.save(tmp_path / "causal.mp4")
+    assert path.exists() and path.stat().st_size > 0
