@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import fv_core
-from fv_core import ConfigError, Done, RecipeLoopMismatch, StepResult
+from fv_core import ConfigError, Done, LoadedModel, RecipeLoopMismatch, StepResult
 from fv_core.kv import KVSeq, PagedKVPool
 from fv_core.parity import assert_interleave_parity, check_batched_parity
 from fv_core.runtime import Engine
 from fv_wan import causal
-from fv_wan.causal import drop_tokens, evict, recompute_generate, window_after
+from fv_wan.causal import CausalWanModel, drop_tokens, evict, recompute_generate, window_after
 from fv_wan.causal_loop import CausalWanLoop
 from fv_wan.loop import decode_body
 
@@ -195,6 +195,36 @@ def test_pages_come_back_after_finish_and_cancel(model):
         while sched.has_work():
             sched.step()
     assert pool.used_pages == 0 and pool.reserved_pages == 0
+
+
+def test_a_request_waits_for_kv_pages_instead_of_running_out(model, tiny_path):
+    """The pool is the scheduler's KV budget: with room for one window (4 pages) a second request
+    needing 3 pages waits until the first gives its pages back; one needing more than the pool is
+    refused up front, naming the numbers."""
+    from fv_core.runtime.admission import AdmissionInfeasible
+
+    card = model.card
+    small = card.caches["causal_kv"].model_copy(update={"max_bytes": 4 * 2048})  # 4 pages of 4 tokens
+    card = card.model_copy(update={"caches": {**card.caches, "causal_kv": small}})
+    tight = LoadedModel(card, CausalWanModel(card, tiny_path), tiny_path, source=card.model_id)
+    pool = tight.instance.kv_pool
+    assert pool.num_pages == 4 and pool.page_size == 4
+    sched = Engine().scheduler(batching=True)
+    entries = [sched.submit(*tight.job(prepared(tight, f"w{i}", seed=i, num_frames=17))) for i in range(2)]
+    peak, running = 0, set()
+    with torch.inference_mode():
+        while sched.has_work():
+            sched.step()
+            peak = max(peak, pool.used_pages)
+            running.add(sum(e.phase == "running" for e in entries))
+    assert peak == 3 and max(running) == 1 and pool.used_pages == pool.reserved_pages == 0
+    for i, entry in enumerate(entries):  # waiting changed nothing
+        alone = run(tight, prepared(tight, f"s{i}", seed=i, num_frames=17))
+        assert entry.result is not None and torch.equal(
+            entry.result.outputs["frames"], alone.outputs["frames"]
+        )
+    with pytest.raises(AdmissionInfeasible, match="KV needs 5 pages of 4 tokens"):
+        sched.submit(*tight.job(prepared(tight, "big", num_frames=25, window_frames=5)))
 
 
 def test_every_chunk_streams_its_frames(model):

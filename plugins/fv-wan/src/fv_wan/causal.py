@@ -132,7 +132,7 @@ def renoise(x0: torch.Tensor, sigma: float, generator: torch.Generator | None) -
     """``x0`` noised to flow level ``sigma`` with fresh noise from the request's generator (x0 at 0)."""
     if sigma == 0:
         return x0
-    noise = torch.randn(x0.shape, generator=generator, dtype=x0.dtype, device=x0.device)
+    noise = torch.randn(x0.shape, generator=generator, dtype=x0.dtype).to(x0.device)  # a CPU generator
     return (1 - sigma) * x0 + sigma * noise
 
 
