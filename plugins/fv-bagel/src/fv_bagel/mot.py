@@ -72,6 +72,17 @@ def attend(
     return out / denom
 
 
+def grouped_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """SDPA's math for a decode step's query ``[B, H, 1, d]`` over grouped keys/values ``[B, kvh, S, d]``,
+    read in place (no repeat per head) as a few matmuls: CPU's flash kernel is slow on a single query."""
+    b, h, t, d = q.shape
+    groups = h // k.shape[1]
+    rows = q.reshape(b, k.shape[1], groups * t, d)  # per KV head, its query heads' rows
+    scores = (rows @ k.transpose(-1, -2)).float() / math.sqrt(d)
+    scores = scores.masked_fill(~keep.repeat(1, 1, groups, 1), float("-inf"))
+    return (scores.softmax(-1).to(v.dtype) @ v).reshape(b, h, t, d)
+
+
 def routed(
     x: torch.Tensor, gen: torch.Tensor | None, und_fn: Callable[[torch.Tensor], torch.Tensor],
     gen_fn: Callable[[torch.Tensor], torch.Tensor],
@@ -162,9 +173,13 @@ class MoTDecoderLayer(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
         keys, values = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
         groups = a.num_heads // a.num_kv_heads
-        if groups > 1:
-            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-        out = attend(q, keys, values, keep, exact).transpose(1, 2).reshape(b, t, nq)
+        if t == 1 and not exact:
+            out = grouped_attend(q, keys, values, keep)
+        else:
+            if groups > 1:
+                keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+            out = attend(q, keys, values, keep, exact)
+        out = out.transpose(1, 2).reshape(b, t, nq)
         h = h + routed(
             out,
             gen,
