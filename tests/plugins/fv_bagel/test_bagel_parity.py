@@ -241,3 +241,18 @@ def test_timestep_features_are_cos_then_sin_of_t_times_geometric_frequencies(net
     feats = torch.cat([torch.cos(t[:, None] * f), torch.sin(t[:, None] * f)], dim=-1)
     want = linear(torch.nn.functional.silu(linear(feats, te.mlp[0], False)), te.mlp[2], False)
     assert torch.allclose(te(t), want, atol=1e-6)
+
+
+def test_grouped_decode_attention_equals_sdpa_over_repeated_heads():
+    """The decode path's in-place grouped attention == SDPA over keys/values repeated per query head."""
+    import torch.nn.functional as F
+
+    from fv_bagel.mot import grouped_attend
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, *shape, generator=gen) for shape in ((8, 1, 16), (2, 20, 16), (2, 20, 16)))
+    keep = torch.arange(20)[None, None, None] < torch.tensor([5, 12, 20])[:, None, None, None]
+    want = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_mask=keep
+    )
+    assert (grouped_attend(q, k, v, keep) - want).abs().max() <= 1e-6
