@@ -247,7 +247,7 @@ def test_every_chunk_streams_its_frames(model):
     assert (whole - streamed).abs().max().item() <= 1e-5
 
 
-def test_bad_values_name_the_value_the_rule_and_the_fix(model, tiny_model):
+def test_bad_values_name_the_value_the_rule_and_the_fix(model, tiny_model, variant_folders):
     cases = [
         (dict(guidance_scale=5.0), "guidance_scale=5.0", "Fix: use guidance_scale=1.0"),
         (dict(num_frames=13, chunk_frames=3), "num_frames=13 makes 4 latent frames", "Fix: use num_frames=9"),
@@ -267,6 +267,13 @@ def test_bad_values_name_the_value_the_rule_and_the_fix(model, tiny_model):
         prepared(model, sink_frames=-1)
     with pytest.raises(ConfigError, match="runs on a CausalWanModel"):
         CausalWanLoop(tiny_model)
+    with pytest.raises(ConfigError, match="'concat' image conditioning.*Fix: load a Wan2.1 T2V folder"):
+        CausalWanModel(model.card, variant_folders["i2v", "first"])
+
+
+def test_a_single_chunk_writes_nothing(model):
+    result = run(model, prepared(model, num_frames=1))
+    assert result.outputs["frames"].shape[0] == 1 and result.metrics["max_cached_frames"] == 0
 
 
 def test_generate_writes_a_video(model, tmp_path):

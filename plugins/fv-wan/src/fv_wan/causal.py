@@ -143,6 +143,11 @@ def frame_rope(model, start: int, frames: int, height: int, width: int) -> tuple
     """RoPE (cos, sin) [1, tokens, 1, head_dim] of latent frames ``start .. start+frames`` of a
     ``height`` x ``width`` latent: Wan's rope table at their absolute frame indices."""
     p_t, p_h, p_w = model.config.patch_size
+    if start + frames > model.rope.max_seq_len:
+        raise ConfigError(
+            f"latent frames up to {start + frames}: Wan's rope table has {model.rope.max_seq_len} positions. "
+            f"Fix: generate at most {model.rope.max_seq_len} latent frames."
+        )
     probe = torch.empty((1, 1, (start + frames) * p_t, height, width), device="meta")  # rope reads the shape
     cos, sin = model.rope(probe)
     skip = start * (height // p_h) * (width // p_w)
@@ -247,7 +252,8 @@ def recompute_velocity(
     chunks = [*context, latents]
     full = torch.cat(chunks, 2)
     _, _, frames, height, width = full.shape
-    tpf = (height // 2) * (width // 2)
+    _, p_h, p_w = model.config.patch_size
+    tpf = (height // p_h) * (width // p_w)
     see = torch.zeros(frames, frames, dtype=torch.bool)
     for c in range(len(chunks)):
         visible = window_after(c, n, window, sink) + list(range(c * n, (c + 1) * n))
@@ -340,6 +346,14 @@ class CausalWanModel(WanModel):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        v = self.variant
+        if v.conditioning != "none" or len(v.experts) > 1 or v.patch[0] != 1:
+            raise ConfigError(
+                f"card {self.card.model_id!r} runs causal Wan on {str(self.weights)!r}, a folder with "
+                f"{v.conditioning!r} image conditioning, experts {list(v.experts)} and patch {v.patch}; causal "
+                "Wan runs a text-to-video transformer with one expert and one latent frame per patch (Wan2.1 "
+                "T2V). Fix: load a Wan2.1 T2V folder."
+            )
         self._pool: PagedKVPool | None = None
         self._pool_lock = threading.Lock()
 
