@@ -694,7 +694,8 @@ def causal_card(
     parity = ParitySpec(
         level="C1",
         reference="fv_wan.causal:recompute_generate",  # the same causal model by full recompute, no cache
-        tolerances={"latents": 1e-5, "frames": 1e-5, "frames_batched": 2e-4},
+        # latents: cached vs recomputed differ by float rounding (~5e-7); the VAE amplifies it ~30x
+        tolerances={"latents": 1e-5, "frames": 5e-5, "frames_batched": 2e-4},
     )
     return card.model_copy(
         update={"caches": caches, "parity": parity, "instance_factory": "fv_wan.causal:CausalWanModel"}

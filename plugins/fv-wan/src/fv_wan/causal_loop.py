@@ -5,9 +5,10 @@ the request's noise and runs the card's fixed timesteps (predict the velocity, t
 next timestep with the request's generator), one DIFFUSION_STEP each. The finished chunk is decoded
 at once by the VAE, frame by frame, carrying the decoder's causal feature cache in the LoopState
 (a VAE_TILE step whose ``partial`` event carries the chunk's frames: what a stream shows), and,
-unless it is the last, run once more at the context timestep to write every block's keys/values into
-the request's sequence of the instance's paged KV pool (an AR_PREFILL step). Before that write the
-rolling window drops the oldest frames after the sinks (whole pages when frames fill whole pages).
+unless it is the last, run once more at the context timestep over the same context as its denoise
+steps (an AR_PREFILL step). Its every block's keys/values then go into the request's sequence of the
+instance's paged KV pool, after the rolling window has dropped the oldest frames after the sinks to
+make room (whole pages when frames fill whole pages, else a copy of the kept tokens).
 
 A chunk pass is one body (:func:`fv_wan.causal.chunk_body`) for both kinds: its inputs are the chunk's
 latents, timestep, per-frame RoPE and its context gathered from the pool, padded to a power-of-two
@@ -165,7 +166,8 @@ class CausalWanLoop(WanLoop):
         self.release(state)
         v, t = state.values, state.tensors
         metrics = {
-            "steps": state.step,
+            "steps": v["steps"],  # denoise steps per chunk (num_inference_steps)
+            "passes": state.step,  # transformer passes: every chunk's steps and the cache writes
             "chunks": v["chunks"],
             "chunk_frames": v["chunk_frames"],
             "text_cache_hits": v["cache_hits"],
