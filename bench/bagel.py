@@ -163,13 +163,15 @@ def tokens_bench(model: Any, prompts: list[str], max_tokens: int, repeats: int) 
     rates: dict[str, list[float]] = {name: [] for name in cases}
     outputs: dict[str, list[list[list[int]]]] = {name: [] for name in cases}
     logs: dict[str, StepLog] = {}
+    early = dict.fromkeys(cases, 0)
     for _ in range(repeats):
         for name, case in cases.items():
             logs[name] = StepLog()
             engine = Engine(max_batch_rows=CONCURRENT, observers=[logs[name]])
             seconds, results = timed(lambda: case(engine))  # noqa: B023
-            if any(r.metrics["stop_reason"] != "max_tokens" for r in results):
-                sys.exit(f"{name}: a request stopped early: {[r.metrics['stop_reason'] for r in results]}")
+            # serial runs decode max_tokens (pick_prompts); a batched run's bf16 rounding may flip a
+            # greedy token into EOS: its rate counts the tokens it did decode, and the stop is reported
+            early[name] += sum(r.metrics["stop_reason"] != "max_tokens" for r in results)
             rates[name].append(sum(r.metrics["completion_tokens"] for r in results) / seconds)
             outputs[name].append(token_ids(results))
     summary = {name: {"tokens_per_s": stats(r)} for name, r in rates.items()}
@@ -180,6 +182,7 @@ def tokens_bench(model: Any, prompts: list[str], max_tokens: int, repeats: int) 
     return {
         **summary,
         "tokens_per_request": max_tokens,
+        "requests_stopped_early_by_eos": early,  # over all repeats (tokens/s counts the tokens decoded)
         "prompt_tokens": [len(model.instance.tokenizer.encode(p)) for p in prompts],
         "ratio_concurrent_8_vs_serial": ratio,
         "ratio_concurrent_8_uniform_vs_serial": uniform_ratio,
@@ -194,10 +197,9 @@ def batching_notes(summary: dict, max_tokens: int, uniform_ratio: float) -> str:
     calls = summary["concurrent_8"]["token_calls"]
     per_tick = sum(calls["by_rows"].values()) / max_tokens
     return (
-        f"ragged: {calls['mean_rows']:.1f} rows per token call, {per_tick:.1f} calls per tick: token steps share "
-        "a call only while their contexts fall in one power-of-two length bucket (fv_bagel.loop.bucket; the "
-        "padded length is in the batch key), so ragged requests split by bucket; 8 equal-length requests run "
-        f"one 8-row call a tick ({uniform_ratio:.2f}x serial). Each request's prefill runs alone."
+        f"ragged: {calls['mean_rows']:.1f} rows per token call, {per_tick:.1f} calls per tick: token steps and "
+        "prompt prefills of any lengths share a call, each row padded to the longest (WorkPlan.ragged); 8 "
+        f"equal-length requests: {uniform_ratio:.2f}x serial (no padding, shorter prompts)."
     )
 
 
@@ -205,7 +207,8 @@ def gate(outputs: dict[str, list[list[list[int]]]], interleaved: list) -> dict:
     """Token ids of every run vs the first serial run's."""
     serial = outputs["serial"][0]
     first_diff = [
-        [next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None) for x, y in zip(run, serial, strict=True)]
+        [None if x == y else next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), min(len(x), len(y)))
+         for x, y in zip(run, serial, strict=True)]
         for run in outputs["concurrent_8"]
     ]  # fmt: skip
     return {
