@@ -456,8 +456,9 @@ def plot(path: Path, r: dict) -> None:
         mem["two_copies"]["peak_mib"],
     ]
     axes[2].bar(labels, values, color=["#ccc", "#3a7", "#999"])
+    billions = mem["one_instance"]["params"] / 1e9
     axes[2].set_title(
-        f"peak RSS MiB (ratio {mem['ratio']:.2f}, {mem['ratio_minus_baseline']:.2f} over imports)"
+        f"peak RSS MiB, {billions:.2f}B MoT (ratio {mem['ratio']:.2f}, {mem['ratio_minus_baseline']:.2f} over imports)"
     )
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
