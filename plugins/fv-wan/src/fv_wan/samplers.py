@@ -9,6 +9,7 @@ to float32 rounding.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,41 +97,22 @@ class UniPC:
         )
         return prev
 
-    def _coefficients(self, sigmas, t: int, s0: int, earlier: list[int], history, order: int):
-        """h, exp terms, the R/b system and the D1 differences of the B(h) update from ``s0`` to ``t``."""
-        lam = lambda s: torch.log(1 - s) - torch.log(s)  # noqa: E731 - log-SNR of a flow sigma
-        alpha_t, sigma_t, sigma_s0 = 1 - sigmas[t], sigmas[t], sigmas[s0]
-        h = lam(sigmas[t]) - lam(sigmas[s0])
+    def _terms(self, sigmas: torch.Tensor, t: int, s0: int, earlier: list[int], order: int, correct: bool):
+        """The step's scalar terms (a function of the schedule alone, so computed once per schedule)."""
+        return _bh_terms(tuple(sigmas.tolist()), t, s0, tuple(earlier), order, self.bh2, correct)
+
+    @staticmethod
+    def _differences(history, rks: torch.Tensor) -> torch.Tensor | None:
+        """D1: the earlier x0 predictions' differences from the latest, scaled by their r_k."""
         m0 = history[-1]
-        rks, d1s = [], []
-        for k in range(1, order):
-            rk = (lam(sigmas[earlier[k - 1]]) - lam(sigmas[s0])) / h
-            rks.append(rk)
-            d1s.append((history[-(k + 1)] - m0) / rk)
-        rks = torch.stack([*rks, torch.ones(())])
-        hh = -h
-        h_phi_1 = torch.expm1(hh)
-        h_phi_k = h_phi_1 / hh - 1
-        b_h = torch.expm1(hh) if self.bh2 else hh
-        rows, b, factorial = [], [], 1
-        for k in range(1, order + 1):
-            rows.append(torch.pow(rks, k - 1))
-            b.append(h_phi_k * factorial / b_h)
-            factorial *= k + 1
-            h_phi_k = h_phi_k / hh - 1 / factorial
-        d1 = torch.stack(d1s, dim=1) if d1s else None
-        base = sigma_t / sigma_s0
-        return alpha_t, base, h_phi_1, b_h, torch.stack(rows), torch.stack(b), d1
+        d1s = [(history[-(k + 2)] - m0) / rk for k, rk in enumerate(rks)]
+        return torch.stack(d1s, dim=1) if d1s else None
 
     def _predict(self, sigmas, i: int, history, x: torch.Tensor, order: int) -> torch.Tensor:
         earlier = [i - k for k in range(1, order)]
-        alpha_t, base, h_phi_1, b_h, rows, b, d1 = self._coefficients(
-            sigmas, i + 1, i, earlier, history, order
-        )
-        res = 0
-        if d1 is not None:
-            rhos = torch.ones(1) * 0.5 if order == 2 else torch.linalg.solve(rows[:-1, :-1], b[:-1])
-            res = torch.einsum("k,bkc...->bc...", rhos.to(x), d1.to(x))
+        alpha_t, base, h_phi_1, b_h, rks, rhos = self._terms(sigmas, i + 1, i, earlier, order, False)
+        d1 = self._differences(history, rks)
+        res = torch.einsum("k,bkc...->bc...", rhos.to(x), d1.to(x)) if d1 is not None else 0
         x_t = base * x - alpha_t * h_phi_1 * history[-1] - alpha_t * b_h * res
         return x_t.to(x.dtype)
 
@@ -138,10 +120,9 @@ class UniPC:
         self, sigmas, i: int, history, x0: torch.Tensor, last: torch.Tensor, x: torch.Tensor, order: int
     ) -> torch.Tensor:
         earlier = [i - (k + 1) for k in range(1, order)]
-        alpha_t, base, h_phi_1, b_h, rows, b, d1 = self._coefficients(
-            sigmas, i, i - 1, earlier, history, order
-        )
-        rhos = (torch.ones(1) * 0.5 if order == 1 else torch.linalg.solve(rows, b)).to(x)
+        alpha_t, base, h_phi_1, b_h, rks, rhos = self._terms(sigmas, i, i - 1, earlier, order, True)
+        rhos = rhos.to(x)
+        d1 = self._differences(history, rks)
         res = torch.einsum("k,bkc...->bc...", rhos[:-1], d1.to(x)) if d1 is not None else 0
         x_t = (
             base * last
@@ -149,6 +130,45 @@ class UniPC:
             - alpha_t * b_h * (res + rhos[-1] * (x0 - history[-1]))
         )
         return x_t.to(x.dtype)
+
+
+@functools.lru_cache(maxsize=8192)
+def _bh_terms(
+    sigma_values: tuple[float, ...],
+    t: int,
+    s0: int,
+    earlier: tuple[int, ...],
+    order: int,
+    bh2: bool,
+    correct: bool,
+) -> tuple[torch.Tensor, ...]:
+    """UniPC's B(h) terms of the update from ``s0`` to ``t``: alpha_t, sigma_t / sigma_s0, h_phi_1, B(h),
+    the r_k of the earlier steps and the rho solution (the corrector's, or the predictor's). The same
+    float32 arithmetic as diffusers' scheduler, so results match it bit for bit; read-only (shared)."""
+    sigmas = torch.tensor(sigma_values, dtype=torch.float32)
+    lam = lambda s: torch.log(1 - s) - torch.log(s)  # noqa: E731 - log-SNR of a flow sigma
+    alpha_t, sigma_t, sigma_s0 = 1 - sigmas[t], sigmas[t], sigmas[s0]
+    h = lam(sigmas[t]) - lam(sigmas[s0])
+    rks = [(lam(sigmas[earlier[k - 1]]) - lam(sigmas[s0])) / h for k in range(1, order)]
+    hh = -h
+    h_phi_1 = torch.expm1(hh)
+    h_phi_k = h_phi_1 / hh - 1
+    b_h = torch.expm1(hh) if bh2 else hh
+    powers = torch.stack([*rks, torch.ones(())])
+    rows, b, factorial = [], [], 1
+    for k in range(1, order + 1):
+        rows.append(torch.pow(powers, k - 1))
+        b.append(h_phi_k * factorial / b_h)
+        factorial *= k + 1
+        h_phi_k = h_phi_k / hh - 1 / factorial
+    r, bb = torch.stack(rows), torch.stack(b)
+    if correct:
+        rhos = torch.ones(1) * 0.5 if order == 1 else torch.linalg.solve(r, bb)
+    elif order == 1:  # the predictor's first-order update has no correction terms
+        rhos = torch.zeros(0)
+    else:
+        rhos = torch.ones(1) * 0.5 if order == 2 else torch.linalg.solve(r[:-1, :-1], bb[:-1])
+    return alpha_t, sigma_t / sigma_s0, h_phi_1, b_h, torch.stack(rks) if rks else torch.zeros(0), rhos
 
 
 class FlowEuler:
