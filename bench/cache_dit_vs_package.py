@@ -119,7 +119,7 @@ def psnr(a, b) -> float:
 # ---- the cache-dit package side -------------------------------------------------------------------
 
 
-def side_package(weights: str, steps: int, repeats: int) -> dict:
+def side_package(weights: str, steps: int, repeats: int, settings: dict[str, dict] = SETTINGS) -> dict:
     import cache_dit
     import torch
     from cache_dit import DBCacheConfig, TaylorSeerCalibratorConfig
@@ -158,14 +158,14 @@ def side_package(weights: str, steps: int, repeats: int) -> dict:
     result: dict = {"version": cache_dit.__version__}
     cached: dict[str, dict[str, list[int]]] = {}
     with torch.no_grad():
-        pipes = {"uncached": pipe_with(None)} | {name: pipe_with(opts) for name, opts in SETTINGS.items()}
+        pipes = {"uncached": pipe_with(None)} | {name: pipe_with(opts) for name, opts in settings.items()}
         for pipe in pipes.values():
             generate(pipe)  # warm-up (the package refreshes its cache context on every call)
         outs, times = rounds({name: lambda name=name: run(name) for name in pipes}, repeats)
-        first = next(iter(SETTINGS))
+        first = next(iter(settings))
         late = cache_dit.summary(pipes[first], logging=False)[0]
         result["uncached"] = summary(times["uncached"])
-        for name in SETTINGS:
+        for name in settings:
             result[name] = {
                 **summary(times[name]),
                 **speedups(times["uncached"], times[name]),
@@ -184,7 +184,10 @@ def side_package(weights: str, steps: int, repeats: int) -> dict:
 # ---- the fv side ---------------------------------------------------------------------------------
 
 
-def side_fv(weights: str, steps: int, repeats: int) -> dict:
+def side_fv(
+    weights: str, steps: int, repeats: int, settings: dict[str, dict] = SETTINGS, concurrent: bool = True
+) -> dict:
+    """fv's runs; ``concurrent``: also 4 requests interleaved per setting (checked against serial)."""
     import torch
 
     import fv_core
@@ -206,34 +209,37 @@ def side_fv(weights: str, steps: int, repeats: int) -> dict:
     def many(options: dict | None, mode: str = "run_interleaved"):
         return getattr(engine(options), mode)([req(i) for i in range(CONCURRENT)])
 
-    configs: dict[str, dict | None] = {"uncached": None, **SETTINGS}
+    configs: dict[str, dict | None] = {"uncached": None, **settings}
     result: dict = {}
     with torch.no_grad():
         many(None)  # warm-up: loads components, fills the text caches of every prompt
         single, times = rounds({k: lambda o=o: one(o) for k, o in configs.items()}, repeats)
-        conc, ctimes = rounds({k: lambda o=o: many(o) for k, o in configs.items()}, max(1, repeats - 1))
         result["uncached"] = summary(times["uncached"])
-        result["uncached_concurrent"] = summary(ctimes["uncached"])
-        for name, options in SETTINGS.items():
-            parity = compare_results(many(options, "run_serial"), conc[name], "interleave", tolerance=0.0)
+        for name in settings:
             result[name] = {
                 **summary(times[name]),
                 **speedups(times["uncached"], times[name]),
                 "psnr_db": psnr(single[name].outputs["frames"], single["uncached"].outputs["frames"]),
                 "cached": branch_steps(single[name]),
-                "concurrent": {
-                    **summary(ctimes[name]),
-                    **speedups(ctimes["uncached"], ctimes[name]),
-                    "psnr_db": [
-                        psnr(c.outputs["frames"], u.outputs["frames"])
-                        for c, u in zip(conc[name], conc["uncached"], strict=True)
-                    ],
-                    "cached_steps_per_request": [r.metrics["cache_dit"]["cached"] for r in conc[name]],
-                    "interleaved_equals_serial_bitwise": parity.ok and parity.max_abs == 0.0,
-                    "cached": [branch_steps(r) for r in conc[name]],
-                },
             }
-    result["frames_uncached"] = single["uncached"].outputs["frames"].tolist()
+        result["frames_uncached"] = single["uncached"].outputs["frames"].tolist()
+        if not concurrent:
+            return result
+        conc, ctimes = rounds({k: lambda o=o: many(o) for k, o in configs.items()}, max(1, repeats - 1))
+        result["uncached_concurrent"] = summary(ctimes["uncached"])
+        for name, options in settings.items():
+            parity = compare_results(many(options, "run_serial"), conc[name], "interleave", tolerance=0.0)
+            result[name]["concurrent"] = {
+                **summary(ctimes[name]),
+                **speedups(ctimes["uncached"], ctimes[name]),
+                "psnr_db": [
+                    psnr(c.outputs["frames"], u.outputs["frames"])
+                    for c, u in zip(conc[name], conc["uncached"], strict=True)
+                ],
+                "cached_steps_per_request": [r.metrics["cache_dit"]["cached"] for r in conc[name]],
+                "interleaved_equals_serial_bitwise": parity.ok and parity.max_abs == 0.0,
+                "cached": [branch_steps(r) for r in conc[name]],
+            }
     return result
 
 

@@ -252,8 +252,9 @@ class FixedDMD:
         nxt = sched.sigmas[i + 1]
         if nxt == 0:
             return x0
-        noise = torch.randn(sample.shape, generator=generator, dtype=sample.dtype, device=sample.device)
-        return (1 - nxt) * x0 + nxt * noise
+        device = generator.device if generator is not None else sample.device  # the request's CPU generator
+        noise = torch.randn(sample.shape, generator=generator, dtype=sample.dtype, device=device)
+        return (1 - nxt) * x0 + nxt * noise.to(sample.device)
 
 
 SAMPLERS = {"unipc": UniPC, "euler": FlowEuler}
