@@ -44,7 +44,7 @@ def _prepare(path: str | Path, kind: str, suffixes: tuple[str, ...] | None = Non
     return path
 
 
-def _write_provenance(path: Path, provenance: dict[str, Any]) -> None:
+def write_provenance(path: Path, provenance: dict[str, Any]) -> None:
     """Write the provenance as ``path.with_suffix('.json')``."""
     path.with_suffix(".json").write_text(json.dumps(provenance, indent=2, default=str))
 
@@ -87,7 +87,7 @@ class AudioArtifact:
         """Write 16-bit PCM ``.wav`` and the provenance as JSON next to it."""
         path = _prepare(path, "audio clip", AUDIO_SUFFIXES)
         self._write_wav(path)
-        _write_provenance(path, self.provenance)
+        write_provenance(path, self.provenance)
         return path
 
     def _write_wav(self, path: Path) -> None:
@@ -139,7 +139,7 @@ class VideoArtifact:
             self._write_video(path, pixels)
         else:
             self._write_with_audio(path, pixels, self.audio)
-        _write_provenance(path, self.provenance)
+        write_provenance(path, self.provenance)
         return path
 
     def _write_video(self, path: Path, pixels: np.ndarray) -> None:
@@ -194,6 +194,31 @@ class VideoArtifact:
             os.replace(muxed, path)  # atomic: readers never see a half-written file
 
 
+class VideoStream:
+    """An mp4 written as frames come (``write`` each batch, then ``close``): fragmented, without
+    lookahead, so a player can read the file while it grows. What ``fv generate --stream`` writes."""
+
+    def __init__(self, path: str | Path, fps: int) -> None:
+        import imageio.v2 as imageio
+
+        self.path = _prepare(path, "video stream", (".mp4",))
+        self.frames = 0
+        self._writer = imageio.get_writer(
+            self.path, fps=fps, codec="libx264", quality=8, macro_block_size=1,
+            output_params=["-tune", "zerolatency", "-movflags", "frag_keyframe+empty_moov+default_base_moof",
+                           "-frag_duration", "250000", "-flush_packets", "1"],
+        )  # fmt: skip
+
+    def write(self, frames: np.ndarray) -> None:
+        """Append frames ``[F, H, W, 3]`` in 0..1."""
+        for frame in to_uint8(frames):
+            self._writer.append_data(frame)
+        self.frames += len(frames)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 @dataclass(slots=True)
 class ImageArtifact:
     """One image ``[H, W, 3]`` float32 in 0..1, and how it was made."""
@@ -216,7 +241,7 @@ class ImageArtifact:
 
         path = _prepare(path, "image", IMAGE_SUFFIXES)
         imageio.imwrite(path, to_uint8(self.image))
-        _write_provenance(path, self.provenance)
+        write_provenance(path, self.provenance)
         if self.text is not None:
             path.with_suffix(".txt").write_text(self.text.text, encoding="utf-8")
         return path
@@ -233,5 +258,5 @@ class TextArtifact:
         """Write UTF-8 text and the provenance as JSON next to it."""
         path = _prepare(path, "text", (".txt",))
         path.write_text(self.text, encoding="utf-8")
-        _write_provenance(path, self.provenance)
+        write_provenance(path, self.provenance)
         return path

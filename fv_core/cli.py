@@ -136,7 +136,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace, model: Any, raw: dict, task: str | None, options: Any) -> int:
     from tqdm import tqdm
 
-    from fv_core.artifacts import SUFFIXES, AudioArtifact
+    from fv_core.artifacts import SUFFIXES, AudioArtifact, write_provenance
 
     parts = [image_part(args.image)] if args.image else []
     if parts and task is None:  # an image picks the model's first task that takes one
@@ -149,20 +149,54 @@ def _generate(args: argparse.Namespace, model: Any, raw: dict, task: str | None,
         )
     if args.audio_out and "audio" not in outputs:
         raise ConfigError(f"--audio-out: this task outputs {outputs}, no audio. Fix: drop --audio-out.")
+    stream = _stream(args, model, task, raw, outputs, output)
     with tqdm(desc=model.card.model_id, unit="step", leave=False) as bar:
 
         def progress(step: int, total: int) -> None:
             bar.total = total
             bar.update(step - bar.n)
 
-        artifact = model.generate(task=task, parts=parts, plugin_options=options, progress=progress, **raw)
-    path = artifact.save(output)
+        def frames(partial: Any) -> None:  # a streaming loop's new frames ([F, H, W, 3] in 0..1)
+            if stream is not None and isinstance(partial, dict) and "frames" in partial:
+                stream.write(partial["frames"].float().cpu().numpy())
+
+        try:
+            artifact = model.generate(
+                task=task, parts=parts, plugin_options=options, progress=progress, on_partial=frames, **raw
+            )
+        finally:
+            if stream is not None:
+                stream.close()
+    if stream is not None and stream.frames:
+        path = output  # the frames are in it already, written as they came
+        write_provenance(path, artifact.provenance)
+    else:
+        if stream is not None:
+            print(f"task {task or model.program(None)[0]!r} streams no frames: {output} is written whole")
+        path = artifact.save(output)
     print(f"wrote {path} and {path.with_suffix('.json')} in {artifact.provenance['seconds']:.1f} s")
     if args.audio_out:
         sound = artifact if isinstance(artifact, AudioArtifact) else getattr(artifact, "audio", None)
         assert sound is not None, "a task that outputs audio makes a sound track"
         print(f"wrote {sound.save(args.audio_out)}")
     return 0
+
+
+def _stream(
+    args: argparse.Namespace, model: Any, task: str | None, raw: dict, outputs: list, output: Path
+) -> Any:
+    """``--stream``: the mp4 the frames are written into as they come (a video task without sound)."""
+    from fv_core.artifacts import VideoStream
+
+    if not args.stream:
+        return None
+    if outputs != ["video"] or output.suffix.lower() != ".mp4":
+        raise ConfigError(
+            f"--stream writes an .mp4 of a video task without sound; this task outputs {outputs} into "
+            f"{output.name}. Fix: drop --stream, or stream a video task (e.g. a causal card) into an .mp4."
+        )
+    fps = raw.get("fps") or model.card.programs[model.program(task)[0]].defaults.get("fps", 16)
+    return VideoStream(output, int(fps))
 
 
 DEFAULT_OUTPUT = {"video": "out.mp4", "image": "out.png", "audio": "out.wav", "text": "out.txt"}
@@ -253,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("-o", "--output", help="output file (default: out.mp4, out.png, ... by the task)")
     gen.add_argument(
         "--audio-out", metavar="WAV", help="also write the soundtrack as a .wav (tasks with audio)"
+    )
+    gen.add_argument(
+        "--stream",
+        action="store_true",
+        help="write the mp4's frames as the model makes them (a causal card streams chunk by chunk; "
+        "the file is fragmented, so players read it while it grows)",
     )
     gen.set_defaults(func=cmd_generate, host=host, param_names=add_param_flags(gen, host))
     from fv_core.serving.cli import add_serve_parser  # imports FastAPI only when installed with [serve]

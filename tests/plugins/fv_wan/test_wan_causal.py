@@ -309,3 +309,33 @@ def test_generate_writes_a_video(model, tmp_path):
     assert video.provenance["card"] == CAUSAL and video.provenance["params"]["chunk_frames"] == 1
     path = video.save(tmp_path / "causal.mp4")
     assert path.exists() and path.stat().st_size > 0
+
+
+def test_fv_generate_streams_the_chunks_into_the_mp4(wan_host, tiny_path, tmp_path, monkeypatch, capsys):
+    """``--stream`` writes each chunk's frames into the mp4 as they come; the file holds the whole
+    video and its provenance is beside it. A task that streams nothing is written whole; sound refuses."""
+    import imageio.v2 as imageio
+
+    from fv_core.cli import main
+
+    writes = []
+    monkeypatch.setattr("fv_core.cli.load_plugins", lambda: wan_host)
+    monkeypatch.setattr(
+        "fv_core.artifacts.VideoStream.write", spy(writes, fv_core.artifacts.VideoStream.write)
+    )
+    base = ["generate", "--weights", tiny_path, "--prompt", "a cat", "--num-frames", "9", "--stream"]
+    assert main([*base, "--model", CAUSAL, "-o", str(tmp_path / "cat.mp4")]) == 0
+    assert writes == [1, 4, 4]  # a chunk of 1 latent frame, then 2 of 4 frames each
+    assert len(imageio.mimread(tmp_path / "cat.mp4")) == 9 and (tmp_path / "cat.json").is_file()
+    plain = ["--model", "wan2.1-t2v-tiny", "--steps", "2", "--size", "32x32", "-o", str(tmp_path / "dog.mp4")]
+    assert main([*base, *plain]) == 0 and "streams no frames" in capsys.readouterr().out
+    assert len(imageio.mimread(tmp_path / "dog.mp4")) == 9
+    assert main([*base, "--model", CAUSAL, "-o", str(tmp_path / "cat.png")]) == 2
+
+
+def spy(calls: list, write):
+    def recorded(self, frames):
+        calls.append(len(frames))
+        return write(self, frames)
+
+    return recorded
