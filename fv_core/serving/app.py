@@ -61,6 +61,7 @@ from fv_core.serving.schemas import (
     with_params,
 )
 from fv_core.serving.service import ApiError, Image, Service
+from fv_core.serving.stream import events as stream_events
 
 log = logging.getLogger("fv.serving")
 POLL_AFTER_MS = "200"  # hint for the openai client's create_and_poll
@@ -219,6 +220,18 @@ def _v1_router(
                 "video_id",
             )
         return FileResponse(path, media_type="video/mp4", filename=f"{video_id}.mp4")
+
+    @router.get(
+        "/videos/{video_id}/stream",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    async def stream_video(video_id: str, service: Service = Depends(_service)) -> StreamingResponse:
+        """The job's chunks as server-sent events while it runs (see ``fv_core.serving.stream``), then
+        the job; a job not running here sends the job alone."""
+        _video(service, video_id)
+        body = stream_events(video_id, service.streams.get(video_id), lambda: _video(service, video_id))
+        return StreamingResponse(body, media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
     @router.delete("/videos/{video_id}", response_model=VideoDeleted)
     async def delete_video(video_id: str, service: Service = Depends(_service)) -> VideoDeleted:

@@ -53,6 +53,7 @@ from fv_core.serving.schemas import (
     VideoBase,
     WeightsSynced,
 )
+from fv_core.serving.stream import VideoChunks
 
 log = logging.getLogger("fv.serving")
 WATCH_S = 0.2  # shared store: how often a replica looks for its jobs deleted through another replica
@@ -99,6 +100,7 @@ class Service:
             freeze_heap=True,  # models load before the engine starts: their objects leave GC scans
         )
         self.live: dict[str, str] = {}  # job id -> engine request id, while running
+        self.streams: dict[str, VideoChunks] = {}  # job id -> the chunks it streamed, while running
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None  # shared store only: see _watch
         self.draining = False  # shutting down: no new jobs
@@ -205,6 +207,7 @@ class Service:
 
     def _follow_video(self, job_id: str, rid: str, served: ServedModel, request: Request) -> None:
         self.live[job_id] = rid
+        self.streams[job_id] = VideoChunks()
         task = asyncio.create_task(self._run_video(job_id, rid, served, request))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -254,7 +257,13 @@ class Service:
         provenance JSON beside it) the way ``fv generate`` saves it."""
         model, start, status = served.name, time.monotonic(), "failed"
         try:
-            result = await self._follow(rid, model, start, lambda p: self.store.progress(job_id, p))
+            chunks = self.streams[job_id]
+
+            async def chunk(partial: Any) -> None:  # a streaming loop's new frames
+                if isinstance(partial, dict) and "frames" in partial:
+                    await chunks.add(partial["frames"].float().cpu().numpy())
+
+            result = await self._follow(rid, model, start, lambda p: self.store.progress(job_id, p), chunk)
             artifact = served.loaded.artifact(request, result, time.monotonic() - start)
             assert isinstance(artifact, VideoArtifact), "create_video runs tasks that output video"
             path = self.store.video_path(job_id)
@@ -280,6 +289,7 @@ class Service:
             self.store.fail(job_id, "generation_failed", f"{type(exc).__name__}: {exc}")
         finally:
             self.live.pop(job_id, None)
+            await self.streams.pop(job_id).end()  # its subscribers read what is left, then the job
             self.sweep()
             self.metrics.jobs.labels(model, status).inc()
             self.metrics.latency.labels(model, status).observe(time.monotonic() - start)
@@ -540,11 +550,16 @@ class Service:
             self.metrics.refusals.labels("invalid").inc()
             raise ApiError(400, str(exc), "invalid_request") from None
 
-    async def _follow(self, rid: str, model: str, start: float, on_progress: Any) -> LoopResult:
-        """Follow a request to its end, reporting ``on_progress(percent)``; return its result."""
+    async def _follow(
+        self, rid: str, model: str, start: float, on_progress: Any, on_partial: Any = None
+    ) -> LoopResult:
+        """Follow a request to its end, reporting ``on_progress(percent)`` and awaiting
+        ``on_partial(data)`` for each partial output; return its result."""
         async for event in self._events(rid, model, start):
             if event.kind == "progress":
                 on_progress(min(99, 100 * event.step // event.total) if event.total else 0)
+            elif event.kind == "partial" and on_partial is not None:
+                await on_partial(event.data)
         return await self.engine.result(rid)
 
     async def _events(self, rid: str, model: str, start: float) -> AsyncGenerator[StreamEvent]:

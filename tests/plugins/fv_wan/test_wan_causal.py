@@ -339,3 +339,51 @@ def spy(calls: list, write):
         return write(self, frames)
 
     return recorded
+
+
+def test_a_served_video_streams_its_chunks_as_server_sent_events(wan_host, tiny_path, model, tmp_path):
+    """``GET /v1/videos/{id}/stream``: every chunk's frames (lossless PNGs, the front door's frames),
+    then the finished job; a finished job streams the job alone."""
+    import base64
+    import io
+    import json
+
+    import httpx
+    from PIL import Image
+
+    from fv_core.artifacts import to_uint8
+    from fv_core.deploy.card import parse_deploy
+    from tests.serving.support import ServerThread
+
+    deploy = parse_deploy(
+        {
+            "plugins": ["fv-wan"],
+            "models": [{"card": CAUSAL, "weights": tiny_path}],
+            "data_dir": str(tmp_path),
+            "limits": {"max_running": 1},
+        }
+    )
+    with ServerThread(deploy, wan_host) as server, httpx.Client(base_url=server.url, timeout=120) as http:
+        http.post("/v1/videos", json={"prompt": "a long one first", "num_frames": 33})  # runs first
+        job = http.post("/v1/videos", json={"prompt": "a cat", "num_frames": 9, "seed": 3}).json()
+        events = []
+        with http.stream("GET", f"/v1/videos/{job['id']}/stream") as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+        chunks, final = events[:-1], events[-1]
+        assert [(c["chunk"], c["first_frame"], len(c["frames"])) for c in chunks] == [
+            (0, 0, 1),
+            (1, 1, 4),
+            (2, 5, 4),
+        ]
+        assert final["id"] == job["id"] and final["status"] == "completed"
+        frames = [
+            np.asarray(Image.open(io.BytesIO(base64.b64decode(f)))) for c in chunks for f in c["frames"]
+        ]
+        want = model.generate(prompt="a cat", num_frames=9, seed=3).frames
+        assert np.array_equal(np.stack(frames), to_uint8(want))
+        again = [line for line in http.get(f"/v1/videos/{job['id']}/stream").text.splitlines() if line]
+        assert again[0] == "event: video" and json.loads(again[1][6:])["status"] == "completed"
+        assert http.get("/v1/videos/video_nope/stream").status_code == 404
