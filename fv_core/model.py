@@ -282,6 +282,23 @@ class LoadedModel:
             result = engine.run_one(*self.job(request))
         return self.artifact(request, result, time.perf_counter() - start)
 
+    def open_session(self, ttl_s: float | None = None) -> str:
+        """Open a session: requests with ``session_id=`` then continue one output across requests (a
+        causal card's video, chunk after chunk, each request with its own prompt); closed by
+        ``close_session`` or after ``ttl_s`` idle seconds."""
+        opener = getattr(self.instance, "open_session", None)
+        if opener is None:
+            raise ConfigError(
+                f"{self.card.model_id!r} keeps no sessions: its loops make each output in one request. "
+                "Fix: use a card with a causal loop (e.g. wan2.1-t2v-tiny-causal)."
+            )
+        return str(opener() if ttl_s is None else opener(ttl_s))
+
+    def close_session(self, session_id: str) -> bool:
+        """Close a session and free what it holds (False: it was not open)."""
+        closer = getattr(self.instance, "close_session", None)
+        return bool(closer(session_id)) if closer is not None else False
+
     def image_task(self) -> str | None:
         """The card's first task whose loop takes an image part (None when none does)."""
         card = self.card

@@ -52,6 +52,9 @@ from fv_core.serving.schemas import (
     ImagesResponse,
     Model,
     ModelList,
+    SessionCreate,
+    SessionDeleted,
+    SessionObject,
     Strict,
     Video,
     VideoBase,
@@ -298,6 +301,20 @@ def _v1_router(
         metrics = pieces.pop()
         assert isinstance(metrics, dict), "chat_text ends with the result's metrics"
         return completion(cid, created, model, "".join(map(str, pieces)), metrics)
+
+    @router.post("/sessions", response_model=SessionObject)
+    async def open_session(request: Request, service: Service = Depends(_service)) -> SessionObject:
+        """fv: open a session; videos created with its ``session_id`` continue one video, each with its
+        own prompt, from where the last one stopped (causal cards)."""
+        body: Any = _validate(SessionCreate, await _read_body(request))
+        model, sid = service.open_session(body.model, body.ttl_s)
+        return SessionObject(id=sid, model=model)
+
+    @router.delete("/sessions/{session_id}", response_model=SessionDeleted)
+    async def close_session(session_id: str, service: Service = Depends(_service)) -> SessionDeleted:
+        """fv: close a session and free its cache (a video continuing it fails at its next step)."""
+        service.close_session(session_id)
+        return SessionDeleted(id=session_id)
 
     @router.post("/weights", response_model=WeightsSynced)
     async def sync_weights(

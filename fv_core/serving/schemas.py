@@ -165,6 +165,25 @@ class ModelList(BaseModel):
     data: list[Model]
 
 
+class SessionCreate(Strict):
+    """``POST /v1/sessions`` (fv): a video continued across requests (``session_id`` on ``/v1/videos``)."""
+
+    model: str | None = Field(None, description="served model name; default: the first deployed model")
+    ttl_s: float | None = Field(None, gt=0, description="closed after this many idle seconds (default 600)")
+
+
+class SessionObject(BaseModel):
+    id: str
+    object: Literal["session"] = "session"
+    model: str
+
+
+class SessionDeleted(BaseModel):
+    id: str
+    object: Literal["session.deleted"] = "session.deleted"
+    deleted: bool = True
+
+
 class WeightsSynced(BaseModel):
     """``POST /v1/weights``: the new weights are live (requests accepted from now on run on them)."""
 

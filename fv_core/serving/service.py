@@ -407,6 +407,28 @@ class Service:
             except QueueFull as exc:
                 await asyncio.sleep(min(1.0, max(0.01, exc.retry_after_s)))
 
+    # -- sessions -------------------------------------------------------------------------------------
+
+    def open_session(self, model: str | None, ttl_s: float | None) -> tuple[str, str]:
+        """(served model name, the new session's id); a model without sessions is a 400."""
+        served = self.model(model)
+        try:
+            return served.name, served.loaded.open_session(ttl_s)
+        except ConfigError as exc:
+            raise ApiError(400, str(exc), "unsupported_model" if exc.param is None else "invalid_request",
+                           exc.param or "model") from None  # fmt: skip
+
+    def close_session(self, session_id: str) -> None:
+        """Close a session on whichever served model holds it; unknown ids are a 404."""
+        if not any(served.loaded.close_session(session_id) for served in self.models.values()):
+            raise ApiError(
+                404,
+                f"no open session {session_id[:80]!r} (closed, expired or never opened). Fix: open one with "
+                "POST /v1/sessions.",
+                "session_not_found",
+                "session_id",
+            )
+
     # -- weight sync ----------------------------------------------------------------------------------
 
     async def sync_weights(self, model: str | None, plan_json: str, weights: bytes) -> WeightsSynced:

@@ -7,6 +7,8 @@ on finish and on cancel; every finished chunk streams its frames, which are the 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -343,7 +345,7 @@ def spy(calls: list, write):
 
 def test_a_served_video_streams_its_chunks_as_server_sent_events(wan_host, tiny_path, model, tmp_path):
     """``GET /v1/videos/{id}/stream``: every chunk's frames (lossless PNGs, the front door's frames),
-    then the finished job; a finished job streams the job alone."""
+    then the finished job; a finished job streams the job alone. ``/v1/sessions``: videos that go on."""
     import base64
     import io
     import json
@@ -387,3 +389,131 @@ def test_a_served_video_streams_its_chunks_as_server_sent_events(wan_host, tiny_
         again = [line for line in http.get(f"/v1/videos/{job['id']}/stream").text.splitlines() if line]
         assert again[0] == "event: video" and json.loads(again[1][6:])["status"] == "completed"
         assert http.get("/v1/videos/video_nope/stream").status_code == 404
+        # a session: the second video goes on from the first (4 frames per latent frame), then closes
+        sid = http.post("/v1/sessions", json={"ttl_s": 60}).json()["id"]
+        lengths = []
+        for prompt in ("a cat", "the cat jumps"):
+            video = http.post(
+                "/v1/videos", json={"prompt": prompt, "num_frames": 9, "session_id": sid}
+            ).json()
+            lengths.append(finished(http, video)["seconds"])
+        assert lengths == ["0.5625", "0.75"]  # 9 frames, then 12 at 16 fps
+        assert http.delete(f"/v1/sessions/{sid}").json() == {
+            "id": sid,
+            "object": "session.deleted",
+            "deleted": True,
+        }
+        assert http.delete(f"/v1/sessions/{sid}").status_code == 404
+        gone = http.post("/v1/videos", json={"prompt": "x", "num_frames": 9, "session_id": sid}).json()
+        gone = finished(http, gone)
+        assert gone["status"] == "failed" and "not open here" in gone["error"]["message"]
+        assert http.post("/v1/sessions", json={"ttl_s": -1}).status_code == 400
+
+
+def finished(http, video: dict, timeout_s: float = 120.0) -> dict:
+    """Poll a video job until it completes or fails."""
+    deadline = time.monotonic() + timeout_s
+    while video["status"] not in ("completed", "failed"):
+        assert time.monotonic() < deadline, f"video {video['id']} still {video['status']}"
+        time.sleep(0.05)
+        video = http.get(f"/v1/videos/{video['id']}").json()
+    return video
+
+
+# ---- sessions: one video continued across requests ----
+
+
+def continued(model, sid, rid, prompt, seed, frames=9):
+    return model.prepare(
+        {"prompt": prompt, "num_frames": frames, "seed": seed, "session_id": sid}, request_id=rid
+    )
+
+
+def test_a_session_continues_the_video_across_requests(model):
+    """The second request starts at the session's frame count, attends to its cached frames (so it
+    differs from the same request alone) and decodes on with the VAE's cache; close frees the pages."""
+    pool = model.instance.kv_pool
+    sid = model.open_session()
+    first = run(model, continued(model, sid, "a", "a cat in the snow", 1))
+    second = run(model, continued(model, sid, "b", "a dog on the beach", 2))
+    assert first.metrics["first_latent_frame"] == 0 and second.metrics["first_latent_frame"] == 3
+    assert first.outputs["frames"].shape[0] == 9 and second.outputs["frames"].shape[0] == 12  # 4 per latent
+    alone = run(model, prepared(model, "c", prompt="a dog on the beach", seed=2, num_frames=9))
+    assert not torch.equal(alone.outputs["latents"], second.outputs["latents"])
+    assert pool.used_pages > 0  # the session keeps its window between requests
+    assert model.close_session(sid) and not model.close_session(sid)
+    assert pool.used_pages == 0 and pool.reserved_pages == 0
+
+
+def test_two_sessions_never_see_each_other_and_interleave_bitwise(model):
+    """Sessions A and B continued concurrently (with a one-shot request in the mix) equal each session
+    continued alone, bit for bit."""
+
+    def runs(interleaved: bool):
+        a, b = model.open_session(), model.open_session()
+        rounds = [
+            [continued(model, a, "a1", "a red cat", 1), continued(model, b, "b1", "a blue car", 2),
+             prepared(model, "o1", seed=3)],
+            [continued(model, a, "a2", "the cat jumps", 4), continued(model, b, "b2", "the car turns", 5)],
+        ]  # fmt: skip
+        out = []
+        with torch.inference_mode():
+            for requests in rounds:
+                jobs = [model.job(r) for r in requests]
+                results = Engine().run_interleaved(jobs) if interleaved else Engine().run_serial(jobs)
+                out += [r.outputs["latents"] for r in results]
+        assert model.close_session(a) and model.close_session(b)
+        return out
+
+    together, apart = runs(True), runs(False)
+    assert all(torch.equal(x, y) for x, y in zip(together, apart, strict=True))
+    assert not torch.equal(together[3], together[4][:, :, : together[3].shape[2]])
+
+
+def test_a_cancelled_continuation_leaves_the_session_at_its_last_finished_chunk(model):
+    """Cancelled before its first chunk is written, a continuation changes nothing; cancelled after one,
+    the session has exactly that chunk more. Either way the next continuation runs on."""
+    sid, twin = model.open_session(), model.open_session()
+    for s in (sid, twin):
+        run(model, continued(model, s, f"{s}-1", "a cat", 1))
+    sessions = model.instance.sessions
+    sched = Engine().scheduler(batching=False)
+    sched.submit(*model.job(continued(model, sid, "cut", "a dog", 2)))
+    with torch.inference_mode():
+        sched.step()  # the prompt's encode: no chunk yet
+        sched.cancel("cut")
+        while sched.has_work():
+            sched.step()
+    after = [run(model, continued(model, s, f"{s}-2", "a bird", 3)) for s in (sid, twin)]
+    assert torch.equal(after[0].outputs["latents"], after[1].outputs["latents"])  # as if never asked
+    frames = sessions._open[sid].frames
+    sched.submit(*model.job(continued(model, sid, "half", "a fish", 4, frames=13)))
+    with torch.inference_mode():
+        while sessions._open[sid].frames == frames:  # until its first chunk is committed
+            sched.step()
+        sched.cancel("half")
+        while sched.has_work():
+            sched.step()
+    assert sessions._open[sid].frames == frames + 1 and sessions._open[sid].busy is None
+    next_one = run(model, continued(model, sid, "on", "a horse", 5))
+    assert next_one.metrics["first_latent_frame"] == frames + 1
+    for s in (sid, twin):
+        model.close_session(s)
+    assert model.instance.kv_pool.used_pages == 0
+
+
+def test_sessions_refuse_what_they_cannot_follow(model):
+    sid = model.open_session(ttl_s=30)
+    run(model, continued(model, sid, "s1", "a cat", 1))
+    with pytest.raises(
+        ConfigError, match=r"changes \{'window_frames': 4\}.*Fix: send \{'window_frames': 3\}"
+    ):
+        run(model, model.prepare({"prompt": "x", "session_id": sid, "window_frames": 4}))
+    with pytest.raises(ConfigError, match="not open here"):
+        run(model, continued(model, "sess_nope", "s2", "a cat", 1))
+    with pytest.raises(ConfigError, match="ttl_s=0"):
+        model.open_session(ttl_s=0)
+    assert model.instance.sessions.expire(now=time.monotonic() + 31) == [sid]  # idle past its ttl
+    with pytest.raises(ConfigError, match="not open here"):
+        run(model, continued(model, sid, "s3", "a cat", 1))
+    assert model.instance.kv_pool.used_pages == 0

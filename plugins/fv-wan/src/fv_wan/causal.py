@@ -31,6 +31,7 @@ from fv_core.kv import KVSeq, PagedKVPool
 from fv_wan import conditioning
 from fv_wan.model import WanModel
 from fv_wan.params import WanParams
+from fv_wan.sessions import DEFAULT_TTL_S, Sessions
 from fv_wan.transformer import _modulation, cross_attention, finish, prepare
 
 DEFAULT_KV_BYTES = 64 << 20  # the pool's budget when the card's causal_kv cache names none
@@ -46,6 +47,9 @@ class CausalWanParams(WanParams):
     )
     window_frames: int = Field(ge=1, description="latent frames the KV cache holds at most (rolling window)")
     sink_frames: int = Field(ge=0, description="first latent frames the rolling window always keeps")
+    session_id: str | None = Field(
+        None, max_length=64, description="continue this open session's video (its frames, cache and window)"
+    )
 
     def check(self, card: ModelCard, loop_id: str) -> None:
         super().check(card, loop_id)
@@ -356,6 +360,29 @@ class CausalWanModel(WanModel):
             )
         self._pool: PagedKVPool | None = None
         self._pool_lock = threading.Lock()
+        self._sessions: Sessions | None = None
+
+    @property
+    def sessions(self) -> Sessions:
+        """The open sessions (videos continued across requests) over the KV pool."""
+        pool = self.kv_pool
+        with self._pool_lock:
+            if self._sessions is None:
+                self._sessions = Sessions(pool)
+            return self._sessions
+
+    def open_session(self, ttl_s: float = DEFAULT_TTL_S) -> str:
+        """A new session's id: requests with ``session_id`` continue one video, chunk after chunk."""
+        return self.sessions.open(ttl_s)
+
+    @property
+    def rope_frames(self) -> int:
+        """Latent frames Wan's rope table places (a session's video can grow up to it)."""
+        return int(self.component("transformer").rope.max_seq_len)
+
+    def close_session(self, session_id: str) -> bool:
+        """Close a session and return its pages (False: it was not open)."""
+        return self.sessions.close(session_id)
 
     @property
     def kv_budget(self) -> int:

@@ -49,6 +49,7 @@ from fv_wan.causal import (
     shifted,
 )
 from fv_wan.loop import WanLoop
+from fv_wan.sessions import SHAPE
 from fv_wan.variant import HIGH_NOISE
 
 DIT = HIGH_NOISE  # the transformer component
@@ -117,10 +118,38 @@ class CausalWanLoop(WanLoop):
             evicted=[],  # frames the rolling window dropped
             max_cached_frames=0,
             vae_cache=None,  # markers of the decoder's feature cache (tensors under "vae_cache.<i>")
+            offset=0,  # latent frames before this request's (a session's video so far)
+            session=None,  # the session it continues
         )
-        state.total_steps = chunks * v["steps"] + chunks - 1  # transformer passes: denoise steps and writes
+        if p.session_id is not None:
+            self._continue(state, p, p.session_id)
+        writes = chunks if v["session"] else chunks - 1  # a session keeps its last chunk for the next request
+        state.total_steps = chunks * v["steps"] + writes  # transformer passes: denoise steps and writes
         v["phase"] = self._next_phase(state)
         return state
+
+    def _continue(self, state: LoopState, p: CausalWanParams, sid: str) -> None:
+        """Start from the session's video: a fork of its pages, its window, frame count and decoder cache."""
+        inst, v = self.instance, state.values
+        shape = {k: getattr(p, k) for k in SHAPE}
+        session = inst.sessions.claim(sid, state.request_id, shape)
+        if session.frames + v["chunks"] * v["chunk_frames"] > inst.rope_frames:
+            inst.sessions.release(session.id, state.request_id)
+            raise ConfigError(
+                f"session {session.id!r} has {session.frames} latent frames; {v['chunks'] * v['chunk_frames']} more "
+                f"pass the {inst.rope_frames} positions of Wan's rope table. Fix: close it and open a new session.",
+                param="session_id",
+            )
+        seq = inst.kv_pool.fork(KVSeq(**session.seq))
+        v.update(
+            session=session.id,
+            shape=shape,
+            offset=session.frames,
+            seq={"pages": list(seq.pages), "length": seq.length},
+            cache_frames=list(session.cache_frames),
+        )
+        if session.vae_cache is not None:
+            self._keep_vae_cache(state, session.vae_cache)
 
     def _next_phase(self, state: LoopState) -> str:
         """What the request still lacks: text, its keys/values, then per chunk: denoise steps, the chunk's
@@ -176,6 +205,8 @@ class CausalWanLoop(WanLoop):
             "cfg": "off",
             "evicted_frames": list(v["evicted"]),
             "max_cached_frames": v["max_cached_frames"],
+            "session": v["session"],  # the session it continued (None: a video of its own)
+            "first_latent_frame": v["offset"],  # of the session's video
             "kernels": {"attention": "sdpa (block-causal, fv_wan.causal)"},
             "weights_versions": dict(v.get("weights_versions", {})),
         }
@@ -200,11 +231,14 @@ class CausalWanLoop(WanLoop):
         return pool, pool.pages_for(frames * v["tokens_per_frame"])
 
     def release(self, state: LoopState) -> None:
-        """Return the request's pages to the pool (on finish, and when it is cancelled or fails)."""
+        """Return the request's pages to the pool (on finish, and when it is cancelled or fails), and its
+        session (which keeps its own pages) to the next request."""
         seq = state.values.get("seq")
         if seq and seq["pages"]:
             self.instance.kv_pool.release(KVSeq(**seq))
         state.values["seq"] = {"pages": [], "length": 0}
+        if state.values.get("session"):
+            self.instance.sessions.release(state.values["session"], state.request_id)
 
     def replay_plan(self, record: Any, step: Any) -> WorkPlan:
         raise ConfigError(
@@ -225,7 +259,7 @@ class CausalWanLoop(WanLoop):
         pool, seq = inst.kv_pool, KVSeq(**v["seq"])
         tpf = v["tokens_per_frame"]
         ctx = pool.gather([seq], context_frames(len(v["cache_frames"]), v["window"]) * tpf)
-        cos, sin = frame_rope(transformer, c * n, n, latents.shape[3], latents.shape[4])
+        cos, sin = frame_rope(transformer, v["offset"] + c * n, n, latents.shape[3], latents.shape[4])
         kv = t[f"kv.{DIT}"][:1]
         inputs = {
             "latents": latents.to(inst.dtype),
@@ -273,7 +307,9 @@ class CausalWanLoop(WanLoop):
         state.step += 1
         if v["chunk_step"] == v["steps"]:  # the chunk is clean
             t["latents"] = t["x"] if "latents" not in t else torch.cat([t["latents"], t["x"]], 2)
-            if v["chunk"] < v["chunks"] - 1:  # what the cache write runs: the chunk at the context timestep
+            if (
+                v["chunk"] < v["chunks"] - 1 or v["session"]
+            ):  # the cache write runs the chunk at the context timestep
                 t["context"] = renoise(t["x"], v["context_sigma"], state.generator)
 
     def _decoded(self, state: LoopState, result: StepResult) -> None:
@@ -285,7 +321,7 @@ class CausalWanLoop(WanLoop):
         # the step's "partial" event: this chunk's frames and latents (a stream consumer holds no cache)
         result.outputs = {"chunk": v["chunk"], "frames": frames, "latents": t["x"]}
         v["decoded"] = True
-        if v["chunk"] == v["chunks"] - 1:
+        if v["chunk"] == v["chunks"] - 1 and not v["session"]:  # the last chunk is not written
             v["chunk"] += 1
 
     def _written(self, state: LoopState, out: dict[str, Any]) -> None:
@@ -300,14 +336,20 @@ class CausalWanLoop(WanLoop):
             seq = drop_tokens(pool, seq, start, start + len(dropped) * tpf)
             v["evicted"].extend(dropped)
         seq = pool.append(seq, out["k"][0], out["v"][0])
-        c = v["chunk"]
+        c, first = v["chunk"], v["offset"] + v["chunk"] * n
         v["seq"] = {"pages": list(seq.pages), "length": seq.length}
-        v["cache_frames"] = kept + list(range(c * n, (c + 1) * n))
+        v["cache_frames"] = kept + list(range(first, first + n))
         v["max_cached_frames"] = max(v["max_cached_frames"], len(v["cache_frames"]))
         state.step += 1
         del t["context"]
         v.update(chunk=c + 1, chunk_step=0, decoded=False)
         t["x"] = t["noise"][:, :, (c + 1) * n : (c + 2) * n].clone()
+        if v["session"]:  # the session goes on from this chunk
+            window = pool.pages_for(v["window"] * tpf)
+            self.instance.sessions.commit(
+                v["session"], state.request_id, seq, v["cache_frames"], first + n, self._vae_cache(state) or [],
+                v["shape"], window,
+            )  # fmt: skip
 
     @staticmethod
     def _vae_cache(state: LoopState) -> list | None:
