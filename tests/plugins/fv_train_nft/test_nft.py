@@ -19,7 +19,7 @@ from fv_train_nft import plugin
 from fv_train_nft.config import NftOptions
 from fv_train_nft.loss import advantages, nft_loss, old_decay, optimality
 from fv_train_nft.method import NftMethod
-from fv_train_nft.rewards import ConstantReward
+from fv_train_nft.rewards import ConstantReward, PositionDebiasedShapesReward, debias
 
 PROMPTS = ["a red circle moving left", "a blue square moving up", "a green circle moving down"]
 
@@ -242,6 +242,8 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
         ({"train_timesteps": 9}, "train_timesteps=9 exceeds"),
         ({"beta": 0}, "beta"),
         ({"max_level": 1.5}, "max_level"),
+        ({"rollout_guidance": [0.5]}, "rollout_guidance"),
+        ({"train_groups": 3}, "train_groups=3 exceeds"),
         ({"reward": {"name": "shapes-detector", "options": {"weights": {"size": 1}}}}, "weights"),
     ],
 )
@@ -262,7 +264,56 @@ def test_hooks_register_the_method_options_and_constant_reward():
     assert host.registries.methods.get("nft") is NftMethod
     assert host.registries.options.get("fv-train-nft") is NftOptions
     assert host.registries.rewards.get("constant") is ConstantReward
+    assert host.registries.rewards.get("shapes-position-debiased") is PositionDebiasedShapesReward
     roles = {r.role for r in NftMethod.spec.roles}
     assert roles == {Role.STUDENT, Role.OLD, Role.REFERENCE}
     assert NftMethod.spec.role(Role.STUDENT).trains == ("transformer",)
     assert copy.copy(NftMethod.spec.describe())["consistency"] == "C2-free"
+
+
+@pytest.mark.parametrize("guided_grad", ["both", "uncond"])
+def test_guided_groups_train_the_cfg_combine_of_each_role(tmp_path, guided_grad):
+    """Groups rolled out at g > 1 roll out with CFG and train ``v_u + g (v_c - v_u)``: equal to the
+    old policy's at step 0, so the loss is the symmetric term's, and the student moves."""
+    method = make(tmp_path, steps=1, rollout_guidance=[1.0, 4.0], guided_grad=guided_grad)
+    batch = method.rollout(0)
+    assert batch["guidance"].tolist() == [1.0, 1.0, 4.0, 4.0]
+    x0, t = batch["latents"], method.sigmas[torch.tensor([0, 1, 2, 1])]
+    x_t = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * torch.randn_like(x0)
+    method.negative = method.adapter.conditioning([method.negative_prompt()])
+    embeds = method.adapter.conditioning(batch["prompts"])
+    with torch.no_grad():
+        guided = method.guided(Role.OLD, x_t, t, embeds, batch["guidance"], False)
+        velocity = method.adapter.velocity
+        old = method.roles[Role.OLD]["transformer"]
+        v_c = velocity(old, x_t, t, embeds, False)
+        v_u = velocity(old, x_t[2:], t[2:], method.negative.expand(2, *embeds.shape[1:]), False)
+    assert torch.allclose(guided[:2], v_c[:2], atol=1e-5)
+    assert torch.allclose(guided[2:], v_u + 4.0 * (v_c[2:] - v_u), atol=1e-4)
+    before = params(method.roles[Role.STUDENT]["transformer"])
+    log = method.step(1)
+    assert {"reward@g1", "reward@g4"} <= set(log)
+    after = params(method.roles[Role.STUDENT]["transformer"])
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+def test_train_groups_keeps_the_most_varied_groups_per_cfg_scale(tmp_path):
+    method = make(tmp_path, steps=1, prompts_per_step=4, rollout_guidance=[1.0, 4.0], train_groups=2)
+    groups = torch.arange(4).repeat_interleave(2)  # groups 0, 2 at g1; 1, 3 at g4
+    rewards = torch.tensor([0.0, 1.0, 0.5, 0.6, 0.1, 0.9, 0.5, 0.5])  # stds 0.5, 0.05, 0.4, 0
+    assert method.trained_samples(rewards, groups).tolist() == [0, 1, 2, 3]  # g1: group 0; g4: group 1
+    method.opts.rollout_guidance = [1.0]
+    assert method.trained_samples(rewards, groups).tolist() == [0, 1, 4, 5]  # groups 0 and 2
+
+
+def test_position_debiased_scores_do_not_depend_on_start_distance():
+    scores = torch.tensor([1.0, 0.9, 0.5, 0.4, 1.0, 1.0, 0.0, 0.7])
+    dist = torch.tensor([5.0, 8.0, 16.0, 18.0, 5.0, 15.0, float("nan"), 10.0])
+    shapes = ["square"] * 4 + ["circle"] * 4
+    out = debias(scores, dist, shapes, min_fit=3)
+    sq = out[:4].double()
+    xc = dist[:4].double() - dist[:4].double().mean()
+    assert abs(float((xc * (sq - sq.mean())).sum())) < 1e-5  # no linear trend left
+    assert abs(float(sq.mean() - scores[:4].double().mean())) < 1e-6  # the mean is kept
+    assert out[6] == 0.0  # no position: unchanged
+    assert torch.equal(debias(scores, dist, shapes, min_fit=8), scores)  # too few to fit

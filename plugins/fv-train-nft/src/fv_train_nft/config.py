@@ -6,7 +6,7 @@ batch's global std, the old policy's decay ``min(0.001 * step, 0.5)``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -31,7 +31,17 @@ class NftOptions(StrictModel):
     prompts_file: Path | None = None  # one prompt per line (blank lines and '#' lines skipped)
     prompts_per_step: int = Field(8, gt=0)  # groups per optimisation step
     group_size: int = Field(8, ge=2)  # rollouts per prompt (advantages are relative within a group)
+    # train on only this many of the step's groups, those whose rewards differ most (the largest
+    # within-group std; None: all): groups whose videos all score alike carry no advantage to learn
+    train_groups: int | None = Field(None, gt=0)
     rollout_steps: int = Field(10, gt=0)  # ODE steps of the old policy's rollouts (the card's sampler)
+    # CFG scale of each group's rollouts, cycled over the step's groups ([1.0]: no CFG, as published).
+    # A group rolled out at g > 1 trains the guided velocity v_u + g (v_c - v_u) of the student (cond
+    # and unconditional branches, the card's negative prompt), of the old policy and of the reference
+    rollout_guidance: list[float] = [1.0]
+    # which student branches a guided group's loss reaches ("both"; "uncond": only the unconditional
+    # forward carries gradient, the conditional one is the student's, detached)
+    guided_grad: Literal["both", "uncond"] = "both"
     sampler: str | None = None  # the rollout sampler (default: the card's)
     # the noise levels trained on: ``rollout_steps`` uniform levels from 1 down, shifted by this as the
     # flow sampler shifts its schedule (3.0: the shapes card's own; 1.0: the uniform grid)
@@ -63,6 +73,12 @@ class NftOptions(StrictModel):
                 "set exactly one of prompts (a list) and prompts_file (one prompt per line); got "
                 f"{len(self.prompts)} prompts and prompts_file={self.prompts_file}"
             )
+        if self.train_groups is not None and self.train_groups > self.prompts_per_step:
+            raise ValueError(
+                f"train_groups={self.train_groups} exceeds prompts_per_step={self.prompts_per_step}"
+            )
+        if not self.rollout_guidance or min(self.rollout_guidance) < 1.0:
+            raise ValueError(f"rollout_guidance={self.rollout_guidance} must list scales >= 1.0")
         if self.eval_prompts and self.eval_prompts_file is not None:
             raise ValueError("set at most one of eval_prompts and eval_prompts_file")
         return self

@@ -4,22 +4,25 @@ with Forward Process") on a card's serve loop, written only against ``fv_core``'
 One optimisation step (``step``), as published:
 
 1. Rollout. The OLD policy samples ``group_size`` videos for each of ``prompts_per_step`` prompts
-   with the card's own ODE sampler and no CFG (guidance 1): real requests through ``model.prepare``
-   / ``model.job`` and ``fv_core.Engine.run_batched``, on a loaded model whose live transformer *is*
-   the old role. Seeds are a function of (config seed, step, sample), so a resumed run rolls out the
-   same videos.
+   with the card's own ODE sampler and no CFG (guidance 1, as published; ``rollout_guidance`` cycles
+   CFG scales over the groups): real requests through ``model.prepare`` / ``model.job`` and
+   ``fv_core.Engine.run_batched``, on a loaded model whose live transformer *is* the old role. Seeds
+   are a function of (config seed, step, sample), so a resumed run rolls out the same videos.
 2. Reward. The reward plugin (``fv_core.training.load_reward``, e.g. ``shapes-detector``) scores
    the decoded frames against their prompts.
 3. Advantages. Per prompt ``A = (reward - group mean) / (std + 1e-4)`` (std over the whole batch
    by default, as published), then the optimality probability ``r = 1/2 + clip(A / 5, -1, 1) / 2``.
+   With ``train_groups`` only the groups whose rewards differ most (per CFG scale) go on to the loss.
 4. Loss on the forward process. For every clean rollout latent ``x0`` and each of
    ``train_timesteps`` noise levels ``t`` of the rollout schedule (fresh noise each), with
    ``x_t = (1 - t) x0 + t eps``: the student's velocity ``v`` (train profile), the old policy's and the
    frozen reference's (serve profile, no grad); implicit policies ``v+ = (1-beta) v_old + beta v``
    and ``v- = (1+beta) v_old - beta v``; loss ``5 * mean(r L+ / beta + (1-r) L- / beta) +
    kl_weight * ||v - v_ref||^2`` where ``L+/-`` is the x0 error of ``v+/-`` over its own stop-grad
-   mean absolute error (``fv_train_nft.loss``). Gradients of every minibatch and level accumulate
-   into one AdamW step (grad clipping).
+   mean absolute error (``fv_train_nft.loss``). A group rolled out at CFG scale g > 1 trains each
+   role's guided velocity ``v_u + g (v_c - v_u)`` instead (``v_u``: the card's negative prompt), the
+   velocity that sampled it. Gradients of every minibatch and level accumulate into one AdamW step
+   (grad clipping).
 5. Old policy. ``old <- eta old + (1 - eta) student`` with ``eta = min(0.001 * steps done, 0.5)``;
    the model's transformer weights version is bumped so no cached text K/V of the previous old
    weights is reused.
@@ -109,6 +112,7 @@ class NftMethod:
         for module in self.roles[Role.STUDENT].values():
             module.train()
         self.opt = make_optimizer(self.trainable(), cfg.optim)
+        self.negative: torch.Tensor | None = None  # the negative prompt's embeddings (guided groups)
         self.old_version: str | None = None  # the rollout model's transformer version (None: as loaded)
         self.versions: list[str | None] = []  # the transformer version each of the last videos ran on
         self.sigmas = schedule(self.opts.rollout_steps, self.opts.flow_shift, self.opts.max_level)
@@ -133,14 +137,14 @@ class NftMethod:
         return params
 
     def generate(
-        self, model: Any, prompts: list[str], seeds: list[int], steps: int, guidance: float
+        self, model: Any, prompts: list[str], seeds: list[int], steps: int, guidance: float | list[float]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(clean latents [N, ...], frames [N, F, H, W, 3]) of ``model`` through the serve engine;
-        ``self.versions`` the transformer weights version each ran on."""
-        base = self.request_params(steps, guidance)
+        """(clean latents [N, ...], frames [N, F, H, W, 3]) of ``model`` through the serve engine (one
+        CFG scale, or one per video); ``self.versions`` the transformer weights version each ran on."""
+        scales = guidance if isinstance(guidance, list) else [guidance] * len(prompts)
         jobs = [
-            model.job(model.prepare({**base, "prompt": p, "seed": s}))
-            for p, s in zip(prompts, seeds, strict=True)
+            model.job(model.prepare({**self.request_params(steps, g), "prompt": p, "seed": s}))
+            for p, s, g in zip(prompts, seeds, scales, strict=True)
         ]
         with torch.inference_mode():
             results = fv_core.Engine(max_batch_rows=64).run_batched(jobs)
@@ -157,9 +161,13 @@ class NftMethod:
         picks = torch.randint(len(self.prompts), (self.opts.prompts_per_step,), generator=gen).tolist()
         prompts = [self.prompts[i] for i in picks for _ in range(self.opts.group_size)]
         groups = torch.arange(len(picks)).repeat_interleave(self.opts.group_size)
+        scales = self.opts.rollout_guidance
+        guidance = [
+            float(scales[k % len(scales)]) for k in range(len(picks)) for _ in range(self.opts.group_size)
+        ]
         base = 10_000 + (self.cfg.seed * 7919 + step) * SEED_STRIDE
         seeds = [base + i for i in range(len(prompts))]
-        latents, frames = self.generate(self.model, prompts, seeds, self.opts.rollout_steps, 1.0)
+        latents, frames = self.generate(self.model, prompts, seeds, self.opts.rollout_steps, guidance)
         if self.old_version is not None and set(self.versions) != {self.old_version}:
             raise RuntimeError(
                 f"rollouts ran on transformer versions {sorted(map(str, set(self.versions)))}, not the old "
@@ -167,14 +175,34 @@ class NftMethod:
             )
         rewards = self.reward(frames, prompts).float()
         adv = advantages(rewards, groups, self.opts.global_std)
+        keep = self.trained_samples(rewards, groups)
         return {
-            "prompts": prompts,
-            "latents": latents,
+            "prompts": [prompts[i] for i in keep.tolist()],
+            "latents": latents[keep],
             "rewards": rewards,
-            "advantages": adv,
-            "r": optimality(adv, self.opts.adv_clip_max),
+            "advantages": adv[keep],
+            "r": optimality(adv[keep], self.opts.adv_clip_max),
+            "guidance": torch.tensor(guidance)[keep],
+            "rollout_guidance": torch.tensor(guidance),
             "generator": gen,
         }
+
+    def trained_samples(self, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        """Indices of the samples the loss trains on: every group's, or (``train_groups``) those of
+        the groups with the largest within-group reward std (ties: the earlier group), the same share
+        of them from each rollout CFG scale (the first scales take the remainder)."""
+        count, n = self.opts.train_groups, int(groups.max()) + 1
+        if count is None or count >= n:
+            return torch.arange(len(rewards))
+        stds = torch.stack([rewards[groups == g].std(unbiased=False) for g in range(n)])
+        scales = self.opts.rollout_guidance
+        by_scale = [[g for g in range(n) if g % len(scales) == k] for k in range(len(scales))]
+        chosen: list[int] = []
+        for k, members in enumerate(by_scale):
+            take = count // len(scales) + (1 if k < count % len(scales) else 0)
+            order = torch.argsort(-stds[members], stable=True)[:take].tolist()
+            chosen += [members[i] for i in order]
+        return torch.isin(groups, torch.tensor(chosen)).nonzero().flatten()
 
     # ---- the step ----
 
@@ -192,18 +220,29 @@ class NftMethod:
             "reward": batch["rewards"].mean().item(),
             "reward_std": batch["rewards"].std().item(),
             "r_mean_abs_dev": (batch["r"] - 0.5).abs().mean().item(),
+            **self.reward_by_guidance(batch),
             "grad_norm": grad.item(),
             "eta": eta,
             "lr": lr,
         }
 
+    def reward_by_guidance(self, batch: dict[str, Any]) -> dict[str, float]:
+        """The mean rollout reward per CFG scale, when the step rolled out at more than one."""
+        scales, rewards = batch["rollout_guidance"], batch["rewards"]
+        if len(scales.unique()) < 2:
+            return {}
+        return {f"reward@g{g:g}": rewards[scales == g].mean().item() for g in scales.unique().tolist()}
+
     def accumulate(self, batch: dict[str, Any], gen: torch.Generator) -> dict[str, float]:
         """Backward of the NFT loss over every (sample, level) pair: minibatches of ``batch_size``
         pairs, each sample on ``levels`` distinct levels of the rollout schedule."""
         x0_all, r_all, prompts = batch["latents"], batch["r"], batch["prompts"]
+        g_all = batch.get("guidance", torch.ones(len(prompts)))
         n = len(prompts)
         with torch.no_grad():
             embeds_all = self.adapter.conditioning(prompts)  # frozen text encoder, as served
+            if bool((g_all > 1).any()):  # the unconditional branch's text: the card's negative prompt
+                self.negative = self.adapter.conditioning([self.negative_prompt()])
         levels = torch.stack(
             [torch.randperm(len(self.sigmas), generator=gen)[: self.levels] for _ in range(n)]
         )
@@ -219,7 +258,7 @@ class NftMethod:
             x0 = x0_all[idx]
             noise = torch.randn(x0.shape, generator=gen)
             x_t = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * noise
-            parts = self.loss(x_t, x0, t, embeds_all[idx], r_all[idx])
+            parts = self.loss(x_t, x0, t, embeds_all[idx], r_all[idx], g_all[idx])
             (parts.loss * len(chunk) / len(pairs)).backward()
             w = len(chunk) / len(pairs)
             totals["loss"] += parts.loss.item() * w
@@ -229,19 +268,60 @@ class NftMethod:
             totals["loss_negative"] += parts.negative.item() * w
         return totals
 
+    def negative_prompt(self) -> str:
+        """The prompt of the card's unconditional CFG branch (its default negative prompt)."""
+        return str(getattr(self.model.prepare({"prompt": "-"}).params, "negative_prompt", "") or "")
+
     def loss(
-        self, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor, r: torch.Tensor
+        self,
+        x_t: torch.Tensor,
+        x0: torch.Tensor,
+        t: torch.Tensor,
+        embeds: torch.Tensor,
+        r: torch.Tensor,
+        guidance: torch.Tensor | None = None,
     ):
         """The NFT loss of one minibatch: old and reference velocities under the serve profile, the
-        student's under the train profile (the same denoise body the server runs)."""
-        velocity = self.adapter.velocity
-        v_old = velocity(self.roles[Role.OLD]["transformer"], x_t, t, embeds, False)
-        v_ref = velocity(self.roles[Role.REFERENCE]["transformer"], x_t, t, embeds, False)
-        v = velocity(self.roles[Role.STUDENT]["transformer"], x_t, t, embeds, True)
+        student's under the train profile (the same denoise body the server runs). Samples rolled out
+        at a CFG scale g > 1 are trained on each role's guided velocity ``v_u + g (v_c - v_u)``."""
+        v_old = self.guided(Role.OLD, x_t, t, embeds, guidance, False)
+        v_ref = self.guided(Role.REFERENCE, x_t, t, embeds, guidance, False)
+        v = self.guided(Role.STUDENT, x_t, t, embeds, guidance, True)
         o = self.opts
         return nft_loss(
             v, v_old, v_ref, x_t, x0, t, r, o.beta, o.kl_weight, o.adv_clip_max, o.adaptive_weight
         )
+
+    def guided(
+        self,
+        role: Role,
+        x_t: torch.Tensor,
+        t: torch.Tensor,
+        embeds: torch.Tensor,
+        guidance: torch.Tensor | None,
+        train: bool,
+    ) -> torch.Tensor:
+        """``role``'s velocity per sample: conditional where its guidance is 1, else the CFG combine of
+        its conditional and unconditional forwards (one batched forward over both)."""
+        transformer = self.roles[role]["transformer"]
+        guided = [] if guidance is None else (guidance > 1).nonzero().flatten().tolist()
+        if not guided:
+            return self.adapter.velocity(transformer, x_t, t, embeds, train)
+        rows = torch.tensor(guided)
+        assert self.negative is not None, "accumulate encodes the negative prompt first"
+        negative = self.negative.to(embeds.dtype).expand(len(guided), *embeds.shape[1:])
+        v_all = self.adapter.velocity(
+            transformer,
+            torch.cat([x_t, x_t[rows]]),
+            torch.cat([t, t[rows]]),
+            torch.cat([embeds, negative]),
+            train,
+        )
+        v_c, v_u = v_all[: len(x_t)], v_all[len(x_t) :]
+        cond = v_c[rows].detach() if train and self.opts.guided_grad == "uncond" else v_c[rows]
+        assert guidance is not None
+        g = guidance[rows].to(v_c.dtype).view(-1, *([1] * (v_c.ndim - 1)))
+        return v_c.index_copy(0, rows, v_u + g * (cond - v_u))
 
     def update_old(self, eta: float, done: int) -> None:
         """The decayed old-policy update, then a new weights version for the rollout model's
@@ -317,8 +397,10 @@ class NftMethod:
             "method": "nft",
             "parents": [o.card if o.init_weights is None else str(o.init_weights)],
             "reward": o.reward.model_dump(),
-            "rollout": {"steps": o.rollout_steps, "sampler": o.sampler or "card default", "guidance": 1.0,
-                        "prompts_per_step": o.prompts_per_step, "group_size": o.group_size},
+            "rollout": {"steps": o.rollout_steps, "sampler": o.sampler or "card default",
+                        "guidance": o.rollout_guidance, "guided_grad": o.guided_grad,
+                        "prompts_per_step": o.prompts_per_step, "group_size": o.group_size,
+                        "train_groups": o.train_groups},
             "beta": o.beta, "kl_weight": o.kl_weight, "adv_clip_max": o.adv_clip_max,
             "old_decay": {"rate": o.eta_rate, "max": o.eta_max, "flat": o.eta_flat},
             "train_timesteps": self.levels, "flow_shift": o.flow_shift, "max_level": o.max_level, "steps": self.cfg.steps, "seed": self.cfg.seed,

@@ -1,5 +1,6 @@
-"""fv-train-nft's pluggy hooks: the ``nft`` method, its option schema, and a ``constant`` reward
-(the control run's: every sample scores the same, so no advantage reaches the policy)."""
+"""fv-train-nft's pluggy hooks: the ``nft`` method, its option schema, a ``constant`` reward (the
+control run's: every sample scores the same, so no advantage reaches the policy) and
+``shapes-position-debiased`` (the shapes-detector score less what the start position predicts)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,4 @@ def fv_register_options(register: Callable[..., None]) -> None:
 @hookimpl
 def fv_register_rewards(register: Callable[..., None]) -> None:
     register("constant", "fv_train_nft.rewards:ConstantReward")
+    register("shapes-position-debiased", "fv_train_nft.rewards:PositionDebiasedShapesReward")
