@@ -14,7 +14,8 @@ from tests.serving.support import TINY, ServerThread, tiny_deploy, wait_idle
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the client marks Sora APIs deprecated
 
 JOBS = 30
-STEPS = 30  # the first jobs are mid-run while the deletes arrive, the last still queued (even under load)
+STEPS = 100  # the first jobs are mid-run while the deletes arrive, the last still queued (even under load:
+# at 30, a job ran all its steps between two polls on a loaded 2-core machine; 100: the deploy limit)
 
 
 def ask(i: int) -> dict:
