@@ -728,6 +728,56 @@ def wan_tiny_causal() -> ModelCard:
     )
 
 
+def shapes_causal_weights() -> str:
+    """The self-forcing causal student of the shapes model, shipped next to its parent: its transformer
+    and recipe (model_index.json maps the VAE, text encoder, tokenizer and scheduler to ../shapes/)."""
+    return str(Path(__file__).parent / "weights" / "shapes-causal")
+
+
+# the causal shapes student's request defaults: 9 frames (3 latent frames) made one latent frame per chunk;
+# the window holds 3 latent frames (the whole 9-frame clip, so a 17-frame rollout rolls it, keeping frame 0)
+SHAPES_CAUSAL_DEFAULTS = dict(
+    {k: v for k, v in SHAPES_REQUEST.items() if k != "guidance_scale"},  # causal_card pins guidance 1
+    num_inference_steps=len(CAUSAL_TIMESTEPS),
+    flow_shift=3.0,
+    chunk_frames=1,
+    context_timestep=0,
+    window_frames=3,
+    sink_frames=1,
+)
+
+
+def wan_shapes_causal() -> ModelCard:
+    """``wan2.1-t2v-shapes-causal``: the shapes model made causal (chunk by chunk, one latent frame each)
+    by self-forcing (fv-train-self-forcing) against the bidirectional wan2.1-t2v-shapes teacher."""
+    card = causal_card(
+        "wan2.1-t2v-shapes-causal",
+        "The shapes model (wan2.1-t2v-shapes) made causal by self-forcing (`fv train "
+        "configs/shapes/self_forcing.yaml`, fv-train-self-forcing): one latent frame (4 video frames) per "
+        "chunk, 4 fixed steps [1000, 750, 500, 250] per chunk under flow shift 3, no CFG, each finished "
+        "chunk re-run into a rolling KV cache of 3 latent frames (frame 0 kept as a sink). Ships only its "
+        "transformer; the VAE, text encoder, tokenizer and scheduler are its parent's files. Quality in "
+        "bench/results/self_forcing_shapes.json.",
+        StepCostModel(base_s=0.004, per_token_s=4e-6),
+        defaults=SHAPES_CAUSAL_DEFAULTS,
+        config=SHAPES_SIZE["config"],
+        max_frames=SHAPES_SIZE["max_frames"],
+        max_resolution=SHAPES_SIZE["max_resolution"],
+        kv_bytes=4 << 20,
+        default_weights="fv_wan.cards:shapes_causal_weights",
+    )
+    recipe = card.recipe.model_copy(
+        update={
+            "parents": ["wan2.1-t2v-shapes"],
+            "consistency_required": "C2",  # its train forward is the causal loop's chunk body (the C2 gate)
+            "description": "self-forcing from wan2.1-t2v-shapes (30 UniPC steps, guidance 1): the student "
+            "rolls out chunk by chunk on its own KV context, DMD against the bidirectional teacher "
+            "(configs/shapes/self_forcing.yaml)",
+        }
+    )
+    return card.model_copy(update={"recipe": recipe})
+
+
 CARDS = (
     wan_tiny,
     wan_shapes,
@@ -747,4 +797,5 @@ CARDS = (
     wan22_t2v_a14b,
     wan22_i2v_a14b,
     wan_tiny_causal,
+    wan_shapes_causal,
 )

@@ -4,12 +4,20 @@ over modules a training method chooses, and checkpoints in the diffusers layout.
 Conditioning and velocity run ``encode_body``, ``text_kv_body`` and ``denoise_body`` — the bodies
 ``WanLoop`` serves with — as ``WorkPlan``s under the serve or train profile, so a method's forward is
 the server's forward. Text-to-video only (no image conditioning, one expert).
+
+Causal methods (self-forcing) get the causal loop's pieces too: its per-chunk schedule
+(:meth:`WanTrainAdapter.causal_schedule`), the prompt's text keys/values (:meth:`WanTrainAdapter.text_kv`)
+and one chunk pass (:meth:`WanTrainAdapter.chunk_velocity`) running ``fv_wan.causal.chunk_body`` over a
+:class:`ChunkContext`: the rolling window of earlier chunks' keys/values held in tensors, padded and masked
+exactly as ``CausalWanLoop`` gathers them from its KV pool, so a training rollout's chunk forward is the
+served one.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,6 +27,8 @@ import torch
 from fv_core import ConfigError, LoadedModel, WorkPlan, WorkUnitKind
 from fv_core.training import run_body
 from fv_core.weights import SHARED_KEY, component_folder
+from fv_wan.causal import chunk_body, chunk_schedule, evict, frame_rope
+from fv_wan.causal_loop import context_frames
 from fv_wan.conditioning import encode_condition_body
 from fv_wan.loop import clean_prompt, decode_body, denoise_body, encode_body, text_kv_body
 from fv_wan.tiny import word_tokenizer, write_pipeline_files
@@ -74,6 +84,60 @@ class WanTrainAdapter:
         return run_body(_plan(WorkUnitKind.DIFFUSION_STEP, denoise_body, transformer, inputs), train)[
             "velocity"
         ]
+
+    # ---- the causal loop's pieces (fv_wan.causal_loop.CausalWanLoop) ----
+
+    def causal_schedule(self, fixed: list[int], shift: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every chunk's model timesteps [steps] and sigmas [steps + 1] (ending at 0), as the causal loop
+        derives them from its card's ``fixed_timesteps`` and the request's ``flow_shift``."""
+        return chunk_schedule(fixed, shift, self.num_train_timesteps)
+
+    def text_kv(
+        self, transformer: torch.nn.Module, embeds: torch.Tensor, train: bool = False
+    ) -> torch.Tensor:
+        """Every block's cross-attention keys/values of ``embeds`` (the loop's ``text_kv_body``)."""
+        return run_body(
+            _plan(WorkUnitKind.ENCODER_CHUNK, text_kv_body, transformer, {"text": embeds}), train
+        )["kv"]
+
+    def chunk_context(
+        self, transformer: torch.nn.Module, latents: torch.Tensor, window: int, sink: int
+    ) -> ChunkContext:
+        """An empty rolling window of ``transformer``'s keys/values for a rollout of ``latents``
+        [B, C, F, H, W] (``window`` latent frames at most, the first ``sink`` always kept)."""
+        _, p_h, p_w = self.model.instance.variant.patch
+        config: Any = transformer.config
+        return ChunkContext(
+            window=window,
+            sink=sink,
+            tokens_per_frame=(latents.shape[3] // p_h) * (latents.shape[4] // p_w),
+            shape=(int(config.num_layers), int(config.num_attention_heads), int(config.attention_head_dim)),
+        )
+
+    def chunk_velocity(
+        self,
+        transformer: torch.nn.Module,
+        latents: torch.Tensor,
+        timestep: float,
+        kv: torch.Tensor,
+        context: ChunkContext,
+        first_frame: int,
+        train: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """One pass of the chunk ``latents`` [B, C, n, H, W] (latent frames ``first_frame ..``) at model
+        ``timestep`` over ``context``: the causal loop's chunk body with the inputs its ``_chunk_plan``
+        builds. Returns the velocity and the chunk's keys/values (what a cache write stores)."""
+        cos, sin = frame_rope(transformer, first_frame, latents.shape[2], latents.shape[3], latents.shape[4])
+        rows = latents.shape[0]
+        inputs = {
+            "latents": latents.to(self.model.instance.dtype),
+            "timestep": torch.full((rows,), timestep, dtype=torch.float32, device=latents.device),
+            "kv": kv,
+            "rope_cos": cos,
+            "rope_sin": sin,
+            **context.gather(rows, self.model.instance.dtype),
+        }
+        return run_body(_plan(WorkUnitKind.DIFFUSION_STEP, chunk_body, transformer, inputs), train)
 
     def noise(self, batch: int, generator: torch.Generator, **params: Any) -> torch.Tensor:
         p, v = self.defaults.model_copy(update=params), self.model.instance.variant
@@ -142,6 +206,49 @@ class WanTrainAdapter:
         write_pipeline_files(folder)
 
 
+@dataclass
+class ChunkContext:
+    """A training rollout's cached keys/values of its finished chunks, in tensors: the twin of a causal
+    request's KV-pool sequence (same rolling window, same padding to a power-of-two number of frames)."""
+
+    window: int  # latent frames held at most
+    sink: int  # first latent frames always kept
+    tokens_per_frame: int
+    shape: tuple[int, int, int]  # blocks, heads, head_dim of the transformer's keys/values
+    frames: list[int] = field(default_factory=list)  # the latent frames held, in order
+    k: torch.Tensor | None = None  # [B, blocks, heads, tokens, head_dim]
+    v: torch.Tensor | None = None
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, first_frame: int) -> None:
+        """Append a chunk's keys/values (latent frames ``first_frame ..``) after dropping, as the loop's
+        cache write does, the oldest frames after the sinks that the window has no room for."""
+        n, tpf = k.shape[3] // self.tokens_per_frame, self.tokens_per_frame
+        kept, dropped = evict(self.frames, n, self.window, self.sink)
+        if self.k is None or self.v is None:
+            self.k, self.v = k, v
+        else:
+            if dropped:
+                start = self.frames.index(dropped[0]) * tpf
+                end = start + len(dropped) * tpf
+                self.k = torch.cat([self.k[:, :, :, :start], self.k[:, :, :, end:]], 3)
+                self.v = torch.cat([self.v[:, :, :, :start], self.v[:, :, :, end:]], 3)
+            self.k, self.v = torch.cat([self.k, k], 3), torch.cat([self.v, v], 3)
+        self.frames = kept + list(range(first_frame, first_frame + n))
+
+    def gather(self, rows: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """``ctx_k`` / ``ctx_v`` [rows, blocks, heads, size, head_dim] zero past the held tokens and
+        ``ctx_valid`` [rows, size], ``size`` the loop's padded context (``context_frames``)."""
+        size = context_frames(len(self.frames), self.window) * self.tokens_per_frame
+        blocks, heads, dim = self.shape
+        out_k = torch.zeros(rows, blocks, heads, size, dim, dtype=dtype)
+        out_v = torch.zeros(rows, blocks, heads, size, dim, dtype=dtype)
+        length = 0 if self.k is None or self.v is None else self.k.shape[3]
+        if self.k is not None and self.v is not None:
+            out_k[:, :, :, :length], out_v[:, :, :, :length] = self.k, self.v
+        valid = (torch.arange(size) < length)[None].expand(rows, size)
+        return {"ctx_k": out_k, "ctx_v": out_v, "ctx_valid": valid}
+
+
 def _plan(kind: WorkUnitKind, body: Any, module: torch.nn.Module, inputs: dict[str, Any]) -> WorkPlan:
     """A plan of one of the Wan loop's own step bodies over ``module``."""
     rows = next(v.shape[0] for v in inputs.values())
@@ -150,4 +257,4 @@ def _plan(kind: WorkUnitKind, body: Any, module: torch.nn.Module, inputs: dict[s
     )
 
 
-__all__ = ["WanTrainAdapter"]
+__all__ = ["ChunkContext", "WanTrainAdapter"]
