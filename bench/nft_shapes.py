@@ -107,7 +107,9 @@ def plot(runs: dict[str, dict], png: Path) -> None:
             ev = [(e["step"], e[key]) for e in run["evals"] if key in e]
             if ev:
                 ax2.plot(*zip(*ev, strict=True), style, label=f"{name} {key.replace('_acc', '')}")
-    ax1.set_title("rollout reward (old policy, 10 steps, no CFG)")
+    ax1.set_title(
+        "rollout reward (old policy, 10 steps; no CFG but attempt_cfg_*: half at guidance 4)", fontsize=9
+    )
     ax1.set_xlabel("NFT step")
     ax1.legend(fontsize=7)
     ax2.set_title("shape accuracy, 48 combinations x 1 seed, 30 steps")
