@@ -210,18 +210,35 @@ def test_c2_the_training_rollout_is_the_causal_serve_loop_bit_for_bit(prompts, t
     assert video.requires_grad and torch.equal(video.detach(), served_latents)
 
 
-def test_the_shapes_config_trains_for_the_shapes_causal_cards_loop():
-    """configs/shapes/self_forcing.yaml rolls out with the chunking, schedule and window the
+@pytest.mark.parametrize("name", ["self_forcing.yaml", "self_forcing_stage2.yaml"])
+def test_the_shapes_configs_train_for_the_shapes_causal_cards_loop(name):
+    """configs/shapes/self_forcing*.yaml roll out with the chunking, schedule and window the
     wan2.1-t2v-shapes-causal card serves with."""
     from fv_wan.cards import wan_shapes_causal
 
     card = wan_shapes_causal()
-    config = yaml.safe_load((REPO / "configs/shapes/self_forcing.yaml").read_text())
+    config = yaml.safe_load((REPO / "configs/shapes" / name).read_text())
     opts = SelfForcingOptions.model_validate(config["options"])
     defaults = card.programs["t2v"].defaults
     assert config["method"] == "self_forcing" and opts.teacher == "wan2.1-t2v-shapes"
     assert opts.timesteps == card.loops["causal"].steps.fixed_timesteps
-    for name in ("flow_shift", "chunk_frames", "context_timestep", "window_frames", "sink_frames"):
-        assert getattr(opts, name) == defaults[name], name
+    for field in ("flow_shift", "chunk_frames", "context_timestep", "window_frames", "sink_frames"):
+        assert getattr(opts, field) == defaults[field], field
     assert (opts.num_frames or 9) == defaults["num_frames"]
     assert card.recipe.method == "self_forcing" and card.recipe.parents == ["wan2.1-t2v-shapes"]
+
+
+def test_a_family_without_causal_pieces_is_refused_by_name(prompts, tmp_path, monkeypatch):
+    """A teacher whose family's training adapter offers no causal loop pieces: the error names the family,
+    the missing pieces and the fix."""
+    import fv_train_self_forcing.method as method_module
+
+    class Bidirectional:  # a TrainAdapter without causal_schedule / text_kv / chunk_context / chunk_velocity
+        def __init__(self, model):
+            self.model = model
+
+    monkeypatch.setattr(method_module, "train_adapter", Bidirectional)
+    with pytest.raises(
+        ConfigError, match=r"family 'wan' lacks the causal loop pieces \['causal_schedule'.*Fix"
+    ):
+        SelfForcingMethod(validate(sf_config(tmp_path, prompts, steps=1)))
