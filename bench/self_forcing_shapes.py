@@ -43,14 +43,9 @@ STRIP_COMBOS = (
 
 
 def plugins() -> Any:
-    """The installed plugins, with the causal student's card registered if fv-wan does not register it
-    (the card is ``fv_wan.cards:wan_shapes_causal``)."""
     from fv_core.plugins import load_plugins
 
-    host = load_plugins()
-    if STUDENT not in host.registries.cards:
-        host.registries.cards.register(STUDENT, "fv_wan.cards:wan_shapes_causal", "fv-wan")
-    return host
+    return load_plugins()
 
 
 def load(card: str, weights: str | Path | None, host: Any) -> Any:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fv_train_self_forcing.method import SelfForcingMethod
 from sf_support import PROMPTS, sf_config
 
 from fv_core.training import Role, train, validate
+from fv_train_self_forcing.method import SelfForcingMethod
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fv_train_self_forcing import plugin
-from fv_train_self_forcing.config import SelfForcingOptions
-from fv_train_self_forcing.method import SelfForcingMethod
 from sf_support import sf_config
 
 import fv_core
@@ -21,6 +18,9 @@ from fv_core import ConfigError, Profile, WorkUnitKind
 from fv_core.loop import Done, run_plan
 from fv_core.plugins import PluginHost
 from fv_core.training import Consistency, Role, train, train_adapter, validate
+from fv_train_self_forcing import plugin
+from fv_train_self_forcing.config import SelfForcingOptions
+from fv_train_self_forcing.method import SelfForcingMethod
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -800,4 +800,5 @@ CARDS = (
     wan22_t2v_a14b,
     wan22_i2v_a14b,
     wan_tiny_causal,
-)  # wan_shapes_causal joins once fv_wan.plugin registers it (and its weights ship)
+    wan_shapes_causal,
+)
