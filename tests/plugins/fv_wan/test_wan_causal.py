@@ -467,7 +467,6 @@ def test_two_sessions_never_see_each_other_and_interleave_bitwise(model):
 
     together, apart = runs(True), runs(False)
     assert all(torch.equal(x, y) for x, y in zip(together, apart, strict=True))
-    assert not torch.equal(together[3], together[4][:, :, : together[3].shape[2]])
 
 
 def test_a_cancelled_continuation_leaves_the_session_at_its_last_finished_chunk(model):
