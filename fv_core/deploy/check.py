@@ -11,6 +11,7 @@ from fv_core.card.assemble import assemble_card, interceptor_kind
 from fv_core.deploy.card import DeploymentCard
 from fv_core.errors import ConfigError, WeightsError, explain
 from fv_core.kernels_select import device_arch
+from fv_core.loop.seam import KIND_NEEDS
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
 from fv_core.registry import lookup_kernel
 from fv_core.weights import bind_card, refuse_pickles
@@ -56,7 +57,8 @@ def _check_model(
         kind = interceptor_kind(registries, name)
         if kind != "observer" and kind not in card.capabilities.interceptors:
             raise ConfigError(
-                f"{where}.interceptors: card {card.model_id!r} rejects {name!r} (a {kind} interceptor); it accepts "
+                f"{where}.interceptors: card {card.model_id!r} rejects {name!r} (a {kind} interceptor"
+                f"{': ' + KIND_NEEDS[kind] if kind in KIND_NEEDS else ''}); it accepts "
                 f"{sorted(card.capabilities.interceptors) or 'none'}. Fix: remove {name!r} from this model."
             )
     check_precision(card, model.precision, f"{where}.precision")

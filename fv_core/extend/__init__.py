@@ -3,6 +3,7 @@
 from fv_core.extend.protocols import (
     BaseObserver,
     BlockInterceptor,
+    KVPolicy,
     Observer,
     SpanInterceptor,
     StepInterceptor,
@@ -11,6 +12,8 @@ from fv_core.extend.protocols import (
 from fv_core.loop.seam import (
     BLOCK_SKIP,
     BLOCKS_INPUT,
+    KV_INPUT,
+    KV_POLICY,
     STEP_SKIP,
     BlockFn,
     BlockHook,
@@ -23,12 +26,15 @@ from fv_core.loop.spans import BlockHooks, drive_spans
 __all__ = [
     "BLOCKS_INPUT",
     "BLOCK_SKIP",
+    "KV_INPUT",
+    "KV_POLICY",
     "STEP_SKIP",
     "BaseObserver",
     "BlockFn",
     "BlockHook",
     "BlockHooks",
     "BlockInterceptor",
+    "KVPolicy",
     "Observer",
     "SpanInterceptor",
     "StepInterceptor",

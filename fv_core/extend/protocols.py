@@ -4,7 +4,8 @@ Observers see every step of every request but never change it (Profiler,
 BehaviorRecorder, ParityAligner). Interceptors may change a step: a
 StepInterceptor can answer a plan without running it (step skip, cached
 prediction); a BlockInterceptor drives the span of transformer blocks inside
-a step body (skip a span, reuse its cached residual).
+a step body (skip a span, reuse its cached residual); a KVPolicy decides what a
+block-causal loop's chunks attend to in their KV cache and what leaves it.
 Interceptor state lives only in ``LoopState.plugin_state[plugin_id][branch]``
 (see :func:`plugin_slot`), never in module globals or on shared modules.
 """
@@ -116,6 +117,36 @@ class SpanInterceptor(Protocol):
     ) -> torch.Tensor | None: ...
 
     def end_span(self, caches: dict[str, dict[str, Any]], branch: str, residual: torch.Tensor) -> None: ...
+
+
+@runtime_checkable
+class KVPolicy(Protocol):
+    """Decides the cached context of a block-causal loop (``kind`` ``"kv_policy"``; a card must accept it).
+
+    A loop whose chunks attend to a KV cache of earlier blocks (chunks) offers it by chunk plans that
+    carry ``inputs[KV_INPUT] = None`` and the cache's layout, one row per request:
+
+    - ``kv_slots`` [rows, S] long: the cached block (slot, oldest first) of each context token, -1 on padding;
+    - ``kv_blocks`` [rows, NS] long: each slot's block index in the video, -1 past the last slot;
+    - ``kv_frames`` [rows, NS] long: latent frames each slot holds; ``kv_sinks`` [rows, NS] bool: sink blocks;
+    - ``kv_room`` [rows] long: on a cache write, frames that must leave the cache first (-1: not a write).
+
+    ``attach(state, plan)`` returns the plan with the policy in ``inputs[KV_INPUT]`` (plus its own
+    per-row tensors); the body calls ``selector(inputs)`` once per pass and the selector per layer,
+    ``select(layer, q, ctx_k, ctx_v, ctx_valid) -> (ctx_k, ctx_v, ctx_valid)``, keeping the context
+    that layer attends to; ``selector.outputs()`` joins the body's outputs. ``after`` (a step
+    interceptor's) folds them into ``plugin_state`` and, on a cache write, sets ``outputs["kv_evict"]``:
+    the block indices the loop drops (it keeps its own rolling window when the key is absent).
+    """
+
+    plugin_id: str
+    kind: str
+
+    def attach(self, state: LoopState, plan: WorkPlan) -> WorkPlan: ...
+
+    def selector(self, inputs: dict[str, Any]) -> Any: ...
+
+    def after(self, state: LoopState, plan: WorkPlan, result: StepResult) -> StepResult: ...
 
 
 def plugin_slot(state: LoopState, plugin_id: str, branch: str = "main") -> dict[str, Any]:

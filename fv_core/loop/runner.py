@@ -30,7 +30,7 @@ from fv_core.loop.contracts import (
     StreamEvent,
     WorkPlan,
 )
-from fv_core.loop.seam import attach_block_hook, commit_block_hook, negotiate
+from fv_core.loop.seam import attach_block_hook, attach_kv_policy, commit_block_hook, negotiate
 
 
 @dataclass(slots=True)
@@ -97,10 +97,11 @@ class LoopRunner:
         return ActiveLoop(loop, request, instance, ctx, state)
 
     def plan(self, active: ActiveLoop) -> WorkPlan | Done:
-        """The loop's description of its next step (kernel-free), with a block hook attached if any."""
+        """The loop's description of its next step (kernel-free), with a block hook or KV policy attached."""
         plan = active.loop.next(active.state)
         if active.ctx.interceptors and isinstance(plan, WorkPlan):
             plan = attach_block_hook(active.state, plan, active.ctx.interceptors)
+            plan = attach_kv_policy(active.state, plan, active.ctx.interceptors)
         return plan
 
     def before(self, active: ActiveLoop, plan: WorkPlan) -> StepResult | None:

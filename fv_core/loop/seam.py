@@ -14,6 +14,11 @@ runs in one process: batched plans then reach the body as one
 :func:`~fv_core.loop.spans.drive_spans` runs every block once for exactly the
 rows that need it. Plans on a parallel group still run unbatched.
 
+A block-causal loop (chunks attending to a KV cache of earlier chunks) offers its cached context to
+a KV policy interceptor (kind ``kv_policy``) the same way: its chunk plans carry
+``inputs[KV_INPUT] = None`` and the runner lets the policy ``attach`` itself (see
+``fv_core.extend.KVPolicy``).
+
 It lives with the loop runner that applies it; ``fv_core.extend`` (the plugin-facing
 protocols) re-exports its public names, so ``extend`` depends on ``loop`` and never back.
 """
@@ -32,6 +37,14 @@ from fv_core.loop.spans import BlockHooks, drive_spans
 
 BLOCKS_INPUT = "blocks"  # plan input through which a block-structured body receives its BlockHook
 STEP_SKIP, BLOCK_SKIP = "step_skip", "block_skip"  # interceptor kinds a card may accept
+KV_POLICY = "kv_policy"  # interceptor kind that decides a block-causal loop's cached context
+KV_INPUT = "kv_policy"  # plan input through which a block-causal body receives the request's KV policy
+# what a card needs to take each kind (said when it refuses one)
+KIND_NEEDS = {
+    STEP_SKIP: "it skips whole denoise steps",
+    BLOCK_SKIP: "it skips transformer blocks of a denoise step",
+    KV_POLICY: "it decides the KV cache of a block-causal (chunk by chunk) loop",
+}
 
 # block(index, hidden) -> hidden: computes transformer block ``index`` for real. A body whose plans
 # may batch with block hooks also takes ``block(index, hidden, rows)``: ``hidden`` then holds only the
@@ -97,6 +110,14 @@ def attach_block_hook(state: LoopState, plan: WorkPlan, interceptors: Sequence[A
     return replace(plan, inputs={**plan.inputs, BLOCKS_INPUT: hook}, batch_key=key if batchable else None)
 
 
+def attach_kv_policy(state: LoopState, plan: WorkPlan, interceptors: Sequence[Any]) -> WorkPlan:
+    """``plan`` as the request's KV policy attaches to it, when one is on and the plan offers its cache."""
+    icp = next((i for i in interceptors if getattr(i, "kind", None) == KV_POLICY), None)
+    if icp is None or KV_INPUT not in plan.inputs:
+        return plan
+    return icp.attach(state, plan)
+
+
 def commit_block_hook(state: LoopState, plan: WorkPlan) -> None:
     """Fold what the plan's hook wrote back into ``state.plugin_state`` (a no-op when the body did not run)."""
     hook = plan.inputs.get(BLOCKS_INPUT)
@@ -109,8 +130,8 @@ def interceptor_name(icp: Any) -> str:
 
 
 def check_interceptors(interceptors: Sequence[Any]) -> None:
-    """At most one step-skipping and at most one block-skipping interceptor per loop."""
-    for kind in (STEP_SKIP, BLOCK_SKIP):
+    """At most one step-skipping, one block-skipping and one KV policy interceptor per loop."""
+    for kind in (STEP_SKIP, BLOCK_SKIP, KV_POLICY):
         names = [interceptor_name(i) for i in interceptors if getattr(i, "kind", None) == kind]
         if len(names) > 1:
             raise ConfigError(
@@ -124,9 +145,9 @@ def negotiate(card: Any, interceptors: Sequence[Any]) -> None:
     accepted = set(card.capabilities.interceptors)
     for icp in interceptors:
         kind = getattr(icp, "kind", None)
-        if kind in (STEP_SKIP, BLOCK_SKIP) and kind not in accepted:
+        if kind in (STEP_SKIP, BLOCK_SKIP, KV_POLICY) and kind not in accepted:
             raise ConfigError(
-                f"card {card.model_id!r} rejects interceptor {interceptor_name(icp)!r} (a {kind} "
-                f"interceptor; recipe {card.recipe.method!r}): it accepts {sorted(accepted) or 'none'}. "
+                f"card {card.model_id!r} rejects interceptor {interceptor_name(icp)!r} (a {kind} interceptor: "
+                f"{KIND_NEEDS[kind]}; recipe {card.recipe.method!r}): it accepts {sorted(accepted) or 'none'}. "
                 f"Fix: disable {interceptor_name(icp)!r} for this model."
             )
