@@ -74,17 +74,15 @@ class UniPC:
     ) -> torch.Tensor:
         """One UniC correction of ``sample`` (from step ``i - 1``) then one UniP prediction to ``i + 1``."""
         p = self.prefix
+        sigmas = tuple(sched.sigmas.tolist())  # the float32 sigmas as exact Python scalars
         history = [tensors[f"{p}m{k}"] for k in range(values.get(f"{p}n", 0))]  # x0 predictions, oldest first
-        x0 = sample - sched.sigmas[i] * velocity
+        x0 = sample - sigmas[i] * velocity
         if i > 0 and (i - 1) not in self.no_corrector and f"{p}last" in tensors:
-            sample = self._correct(
-                sched.sigmas, i, history, x0, tensors[f"{p}last"], sample, values[f"{p}order"]
-            )
+            sample = self._correct(sigmas, i, history, x0, tensors[f"{p}last"], sample, values[f"{p}order"])
         history = [*history, x0][-self.order :]
-        steps = len(sched.timesteps)
-        order = min(self.order, steps - i) if self.lower_order_final else self.order
+        order = min(self.order, len(sched.timesteps) - i) if self.lower_order_final else self.order
         order = min(order, values.get(f"{p}warm", 0) + 1)
-        prev = self._predict(sched.sigmas, i, history, sample, order)
+        prev = self._predict(sigmas, i, history, sample, order)
         for k, m in enumerate(history):
             tensors[f"{p}m{k}"] = m
         tensors[f"{p}last"] = sample
@@ -97,38 +95,36 @@ class UniPC:
         )
         return prev
 
-    def _terms(self, sigmas: torch.Tensor, t: int, s0: int, earlier: list[int], order: int, correct: bool):
+    def _terms(
+        self, sigmas: tuple[float, ...], t: int, s0: int, earlier: list[int], order: int, correct: bool
+    ):
         """The step's scalar terms (a function of the schedule alone, so computed once per schedule)."""
-        return _bh_terms(tuple(sigmas.tolist()), t, s0, tuple(earlier), order, self.bh2, correct)
+        return _bh_terms(sigmas, t, s0, tuple(earlier), order, self.bh2, correct)
 
     @staticmethod
-    def _differences(history, rks: torch.Tensor) -> torch.Tensor | None:
-        """D1: the earlier x0 predictions' differences from the latest, scaled by their r_k."""
+    def _residual(history, rks: tuple[torch.Tensor, ...], rhos: tuple[torch.Tensor, ...], x: torch.Tensor):
+        """sum_k rho_k D1_k, D1_k the k-th earlier x0 prediction's difference from the latest over r_k;
+        0 without earlier predictions."""
         m0 = history[-1]
         d1s = [(history[-(k + 2)] - m0) / rk for k, rk in enumerate(rks)]
-        return torch.stack(d1s, dim=1) if d1s else None
+        if len(d1s) <= 1:  # one term: the product einsum rounds to, without its dispatch
+            return rhos[0] * d1s[0] if d1s else 0
+        return torch.einsum("k,bkc...->bc...", torch.stack(rhos).to(x), torch.stack(d1s, dim=1).to(x))
 
     def _predict(self, sigmas, i: int, history, x: torch.Tensor, order: int) -> torch.Tensor:
         earlier = [i - k for k in range(1, order)]
-        alpha_t, base, h_phi_1, b_h, rks, rhos = self._terms(sigmas, i + 1, i, earlier, order, False)
-        d1 = self._differences(history, rks)
-        res = torch.einsum("k,bkc...->bc...", rhos.to(x), d1.to(x)) if d1 is not None else 0
-        x_t = base * x - alpha_t * h_phi_1 * history[-1] - alpha_t * b_h * res
+        base, alpha_h_phi_1, alpha_b_h, rks, rhos = self._terms(sigmas, i + 1, i, earlier, order, False)
+        res = self._residual(history, rks, rhos, x)
+        x_t = base * x - alpha_h_phi_1 * history[-1] - alpha_b_h * res
         return x_t.to(x.dtype)
 
     def _correct(
         self, sigmas, i: int, history, x0: torch.Tensor, last: torch.Tensor, x: torch.Tensor, order: int
     ) -> torch.Tensor:
         earlier = [i - (k + 1) for k in range(1, order)]
-        alpha_t, base, h_phi_1, b_h, rks, rhos = self._terms(sigmas, i, i - 1, earlier, order, True)
-        rhos = rhos.to(x)
-        d1 = self._differences(history, rks)
-        res = torch.einsum("k,bkc...->bc...", rhos[:-1], d1.to(x)) if d1 is not None else 0
-        x_t = (
-            base * last
-            - alpha_t * h_phi_1 * history[-1]
-            - alpha_t * b_h * (res + rhos[-1] * (x0 - history[-1]))
-        )
+        base, alpha_h_phi_1, alpha_b_h, rks, rhos = self._terms(sigmas, i, i - 1, earlier, order, True)
+        res = self._residual(history, rks, rhos[:-1], x)
+        x_t = base * last - alpha_h_phi_1 * history[-1] - alpha_b_h * (res + rhos[-1] * (x0 - history[-1]))
         return x_t.to(x.dtype)
 
 
@@ -141,10 +137,11 @@ def _bh_terms(
     order: int,
     bh2: bool,
     correct: bool,
-) -> tuple[torch.Tensor, ...]:
-    """UniPC's B(h) terms of the update from ``s0`` to ``t``: alpha_t, sigma_t / sigma_s0, h_phi_1, B(h),
-    the r_k of the earlier steps and the rho solution (the corrector's, or the predictor's). The same
-    float32 arithmetic as diffusers' scheduler, so results match it bit for bit; read-only (shared)."""
+) -> tuple[Any, ...]:
+    """UniPC's B(h) terms of the update from ``s0`` to ``t``, float32 0-d tensors: sigma_t / sigma_s0,
+    alpha_t * h_phi_1, alpha_t * B(h), the r_k of the earlier steps and the rho solution (the
+    corrector's, or the predictor's). The same float32 arithmetic as diffusers' scheduler, so results
+    match it bit for bit; read-only (shared)."""
     sigmas = torch.tensor(sigma_values, dtype=torch.float32)
     lam = lambda s: torch.log(1 - s) - torch.log(s)  # noqa: E731 - log-SNR of a flow sigma
     alpha_t, sigma_t, sigma_s0 = 1 - sigmas[t], sigmas[t], sigmas[s0]
@@ -168,7 +165,8 @@ def _bh_terms(
         rhos = torch.zeros(0)
     else:
         rhos = torch.ones(1) * 0.5 if order == 2 else torch.linalg.solve(r[:-1, :-1], bb[:-1])
-    return alpha_t, sigma_t / sigma_s0, h_phi_1, b_h, torch.stack(rks) if rks else torch.zeros(0), rhos
+    scalars = (sigma_t / sigma_s0, alpha_t * h_phi_1, alpha_t * b_h)
+    return (*scalars, tuple(rks), tuple(rhos.unbind()))
 
 
 class FlowEuler:
