@@ -53,6 +53,28 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.kv_blocks = Histogram(
+            "fv_kv_block_seconds",
+            "Seconds per generated block of a block-causal loop, by model and KV policy",
+            ["model", "policy"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
+        self.kv_retrievals = Counter(
+            "fv_kv_retrievals",
+            "Cached blocks a KV policy retrieved (per layer and pass)",
+            ["model", "policy"],
+            registry=r,
+        )
+        self.kv_evictions = Counter(
+            "fv_kv_evictions", "Blocks a KV policy evicted", ["model", "policy"], registry=r
+        )
+        self.kv_cache_bytes = Gauge(
+            "fv_kv_cache_bytes_peak",
+            "Peak KV cache bytes of the last finished request",
+            ["model", "policy"],
+            registry=r,
+        )
         self._step_times: deque[float] = deque()
 
     def cache_stats(self, model: str, result_metrics: dict) -> None:
@@ -61,6 +83,18 @@ class Metrics:
             if isinstance(summary, dict) and {"interceptor", "computed", "cached"} <= summary.keys():
                 for decision in ("computed", "cached"):
                     self.cache_steps.labels(model, summary["interceptor"], decision).inc(summary[decision])
+
+    def kv_policy_stats(self, model: str, result_metrics: dict) -> None:
+        """Record a KV policy's profile of one request (``result.metrics["kv_policy"]``)."""
+        summary = result_metrics.get("kv_policy")
+        if not isinstance(summary, dict):
+            return
+        policy = str(summary.get("policy"))
+        for seconds in summary.get("block_seconds", []):
+            self.kv_blocks.labels(model, policy).observe(seconds)
+        self.kv_retrievals.labels(model, policy).inc(summary.get("retrievals", 0))
+        self.kv_evictions.labels(model, policy).inc(len(summary.get("evicted_blocks", [])))
+        self.kv_cache_bytes.labels(model, policy).set(summary.get("peak_cache_bytes", 0))
 
     def step(self, model: str) -> None:
         self.steps.labels(model).inc()

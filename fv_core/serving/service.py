@@ -601,6 +601,7 @@ class Service:
                     last_step = event.step
                 elif event.kind == "done" and isinstance(event.data, LoopResult):
                     self.metrics.cache_stats(model, event.data.metrics)
+                    self.metrics.kv_policy_stats(model, event.data.metrics)
                 yield event
         finally:
             (self.metrics.running if started else self.metrics.queued).dec()

@@ -124,8 +124,8 @@ def test_card_rejecting_an_interceptor_kind(example_host):
     )
     (problem,) = check_deploy(deploy, example_host)  # observers are accepted everywhere
     assert (
-        "card 'distilled-3step' rejects 'skip-every-other' (a step_skip interceptor); it accepts none"
-        in problem
+        "card 'distilled-3step' rejects 'skip-every-other' (a step_skip interceptor: it skips whole denoise "
+        "steps); it accepts none" in problem
     )
 
 

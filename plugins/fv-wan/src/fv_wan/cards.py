@@ -23,6 +23,7 @@ from fv_core import (
     StepsContract,
     WorkUnitKind,
 )
+from fv_core.extend import KV_POLICY
 
 T2V_TASKS = ("t2v", "t2i")
 I2V_TASKS = ("i2v",)
@@ -679,7 +680,7 @@ def causal_card(
         max_frames=max_frames,
         max_resolution=max_resolution,
         kv_capacity=64,
-        interceptors=set(),  # block-causal steps over a cache: no step or block reuse
+        interceptors={KV_POLICY},  # a KV policy may pick the cached context; no step or block reuse
         default_weights=default_weights,
         tasks=("t2v",),
     )

@@ -35,6 +35,7 @@ from fv_core import (
     WorkPlan,
     WorkUnitKind,
 )
+from fv_core.extend import KV_INPUT
 from fv_core.kv import KVSeq, PagedKVPool
 from fv_wan.causal import (
     CausalWanModel,
@@ -64,6 +65,58 @@ def context_frames(cached: int, window: int) -> int:
     while size < cached:
         size *= 2
     return min(size, window)
+
+
+def cache_layout(
+    frames: list[int], chunk_frames: int, sink: int, tokens_per_frame: int, size: int, room: int
+) -> dict[str, torch.Tensor]:
+    """The cache's blocks as a KV policy reads them (one row; ``fv_core.extend.KVPolicy``): the slot of
+    each of the ``size`` context tokens, each slot's block index, frames and sink flag, and ``room``."""
+    slots = size // tokens_per_frame
+    blocks: list[int] = []
+    counts: list[int] = []
+    for f in frames:
+        if not blocks or blocks[-1] != f // chunk_frames:
+            blocks.append(f // chunk_frames)
+            counts.append(0)
+        counts[-1] += 1
+    of_token = [i for i, c in enumerate(counts) for _ in range(c * tokens_per_frame)]
+    pad = slots - len(blocks)
+    return {
+        "kv_slots": torch.tensor([of_token + [-1] * (size - len(of_token))], dtype=torch.long),
+        "kv_blocks": torch.tensor([blocks + [-1] * pad], dtype=torch.long),
+        "kv_frames": torch.tensor([counts + [0] * pad], dtype=torch.long),
+        "kv_sinks": torch.tensor(
+            [[b * chunk_frames < sink for b in blocks] + [False] * pad], dtype=torch.bool
+        ),
+        "kv_room": torch.tensor([room], dtype=torch.long),
+    }
+
+
+def policy_evict(
+    frames: list[int], chunk_frames: int, window: int, blocks: list[int]
+) -> tuple[list[int], list[int]]:
+    """The frames kept and dropped when a KV policy evicts ``blocks`` (of ``chunk_frames`` frames each);
+    it must leave room for a chunk under ``window``."""
+    dropped = [f for f in frames if f // chunk_frames in blocks]
+    kept = [f for f in frames if f // chunk_frames not in blocks]
+    if len(kept) + chunk_frames > window:
+        raise RuntimeError(
+            f"the KV policy evicted blocks {blocks}, leaving {len(kept)} cached latent frames: with {chunk_frames} more "
+            f"they pass the budget of window_frames={window}. A KV policy must evict down to the budget."
+        )
+    return kept, dropped
+
+
+def runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted ``indices`` as contiguous ``[start, end)`` runs."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
 
 
 class CausalWanLoop(WanLoop):
@@ -261,6 +314,7 @@ class CausalWanLoop(WanLoop):
         ctx = pool.gather([seq], context_frames(len(v["cache_frames"]), v["window"]) * tpf)
         cos, sin = frame_rope(transformer, v["offset"] + c * n, n, latents.shape[3], latents.shape[4])
         kv = t[f"kv.{DIT}"][:1]
+        room = max(len(v["cache_frames"]) + n - v["window"], 0) if write else -1
         inputs = {
             "latents": latents.to(inst.dtype),
             "timestep": torch.tensor([timestep], dtype=torch.float32, device=latents.device),
@@ -268,6 +322,8 @@ class CausalWanLoop(WanLoop):
             "rope_cos": cos,
             "rope_sin": sin,
             **ctx,
+            **cache_layout(v["cache_frames"], n, v["sink"], tpf, ctx["ctx_k"].shape[3], room),
+            KV_INPUT: None,  # a KV policy may pick each layer's context and what leaves the cache
         }
         precision = str(inst.dtype).removeprefix("torch.")
         shape_sig = (tuple(latents.shape[1:]), tuple(kv.shape[1:]), int(ctx["ctx_k"].shape[3]))
@@ -329,12 +385,14 @@ class CausalWanLoop(WanLoop):
         keys/values; the next chunk starts from its noise."""
         pool, t, v = self.instance.kv_pool, state.tensors, state.values
         n, tpf, frames = v["chunk_frames"], v["tokens_per_frame"], v["cache_frames"]
-        kept, dropped = evict(frames, n, v["window"], v["sink"])
+        if "kv_evict" in out:  # a KV policy's choice of whole blocks
+            kept, dropped = policy_evict(frames, n, v["window"], out["kv_evict"])
+        else:
+            kept, dropped = evict(frames, n, v["window"], v["sink"])
         seq = KVSeq(**v["seq"])
-        if dropped:
-            start = frames.index(dropped[0]) * tpf
-            seq = drop_tokens(pool, seq, start, start + len(dropped) * tpf)
-            v["evicted"].extend(dropped)
+        for start, end in reversed(runs([frames.index(f) for f in dropped])):
+            seq = drop_tokens(pool, seq, start * tpf, end * tpf)
+        v["evicted"].extend(dropped)
         seq = pool.append(seq, out["k"][0], out["v"][0])
         c, first = v["chunk"], v["offset"] + v["chunk"] * n
         v["seq"] = {"pages": list(seq.pages), "length": seq.length}
