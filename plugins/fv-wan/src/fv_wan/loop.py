@@ -16,6 +16,7 @@ run per request in ``advance``; the sampler's history lives in ``LoopState``.
 from __future__ import annotations
 
 import html
+import math
 import re
 from functools import partial
 from typing import Any
@@ -115,6 +116,7 @@ class WanLoop:
 
     def __init__(self, instance: WanModel) -> None:
         self.instance = instance
+        self._samplers: dict[tuple, Any] = {}  # (loop id, sampler, flow shift) -> its stateless sampler
 
     def init(self, request, instance=None, ctx=None) -> LoopState:
         inst = self.instance
@@ -169,7 +171,7 @@ class WanLoop:
         )
         if all(c is not None for c in cached):
             self._set_embeds(state, torch.stack(cached))
-        sched = self._sampler(inst, state).schedule(p.num_inference_steps)
+        sched = self._sampler(state).schedule(p.num_inference_steps)
         state.tensors.update(timesteps=sched.timesteps, sigmas=sched.sigmas)
         v = inst.variant
         shape = (
@@ -477,7 +479,7 @@ class WanLoop:
             velocity = uncond + guidance * (cond - uncond)
         else:
             velocity = out["velocity"]
-        sampler = self._sampler(self.instance, state)
+        sampler = self._sampler(state)
         sched = Schedule(tensors["timesteps"], tensors["sigmas"])
         tensors["latents"] = sampler.step(
             tensors, values, sched, state.step, velocity, tensors["latents"], state.generator
@@ -493,15 +495,19 @@ class WanLoop:
     @staticmethod
     def _cost(inst, state: LoopState, latents: torch.Tensor) -> float:
         cost = inst.card.loops[state.loop_id].step_cost
-        tokens = latents[0, 0].numel() // 4  # 1x2x2 patches
+        tokens = math.prod(latents.shape[2:]) // 4  # 1x2x2 patches
         forwards = 2 if state.values["cfg"] else 1
         return forwards * (cost.base_s + cost.per_token_s * tokens)
 
-    @staticmethod
-    def _sampler(inst, state: LoopState):
-        fixed = inst.card.loops[state.loop_id].steps.fixed_timesteps
-        config = {**inst.scheduler_config, "flow_shift": state.values["flow_shift"]}
-        return make_sampler(state.values["sampler"], config, fixed)
+    def _sampler(self, state: LoopState):
+        """The request's sampler: stateless, so made once per loop id, sampler and flow shift."""
+        key = (state.loop_id, state.values["sampler"], state.values["flow_shift"])
+        if key not in self._samplers:
+            inst = self.instance
+            fixed = inst.card.loops[state.loop_id].steps.fixed_timesteps
+            config = {**inst.scheduler_config, "flow_shift": key[2]}
+            self._samplers[key] = make_sampler(key[1], config, fixed)
+        return self._samplers[key]
 
     def _pin(self, state: LoopState, component: str) -> str:
         """The weights version of ``component`` the request pinned at init (before that: the live one);
