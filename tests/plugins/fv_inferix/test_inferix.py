@@ -194,3 +194,19 @@ def test_the_profile_reaches_metrics(host, weights, tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("fv_kv_evictions_total"))
     assert 'policy="inferix"' in line and float(line.split()[-1]) > 0
     assert 'fv_kv_block_seconds_count{model="' + CAUSAL + '",policy="inferix"} 6.0' in text
+
+
+def test_the_drift_bench_runs_end_to_end(tmp_path):
+    """``bench/inferix_drift.py --smoke``: every policy rolls out, the bounded ones within the budget."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "drift.json"
+    bench = Path(__file__).resolve().parents[3] / "bench" / "inferix_drift.py"
+    subprocess.run([sys.executable, str(bench), "--smoke", "--out", str(out)], check=True, capture_output=True)
+    report = json.loads(out.read_text())
+    assert set(report["policies"]) == {"full", "rolling", "inferix", "inferix-all-stored"}
+    assert report["verdict"]["budget_held"] and report["verdict"]["budget_vs_full_history"] < 0.5
+    assert out.with_suffix(".png").stat().st_size > 10_000

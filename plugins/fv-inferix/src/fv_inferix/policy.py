@@ -99,7 +99,8 @@ class Inferix:
         key = plan.batch_key
         if key is not None:  # rows batch only with rows that run this policy
             key = replace(key, graph_key=f"{key.graph_key}|kv:{PLUGIN}")
-        inputs = {**plan.inputs, KV_INPUT: self, "kv_keep": keep[None], "kv_top": torch.tensor([top])}
+        top_row = torch.tensor([top], device=blocks.device)
+        inputs = {**plan.inputs, KV_INPUT: self, "kv_keep": keep[None], "kv_top": top_row}
         return replace(plan, inputs=inputs, batch_key=key)
 
     def selector(self, inputs: dict[str, Any]) -> Selector:

@@ -23,9 +23,10 @@ class Selector:
         self.keep = inputs["kv_keep"]  # [B, NS] slots always attended
         self.top = inputs["kv_top"]  # [B] blocks each layer retrieves (-1: every one)
         rows, slots = self.keep.shape
-        self.relevance = torch.zeros(rows, slots)  # summed over layers: each slot's share of relevance
-        self.picked = torch.zeros(rows, slots, dtype=torch.long)  # layers that retrieved each slot
-        self.attended = torch.zeros(rows)  # context tokens attended, summed over layers
+        device = self.keep.device  # statistics stay there until the pass ends (no sync per layer)
+        self.relevance = torch.zeros(rows, slots, device=device)  # summed over layers: each slot's share
+        self.picked = torch.zeros(rows, slots, dtype=torch.long, device=device)  # layers that retrieved it
+        self.attended = torch.zeros(rows, device=device)  # context tokens attended, summed over layers
         self.layers = 0
 
     def __call__(
@@ -40,10 +41,10 @@ class Selector:
         picked = retrieve(score, present & ~self.keep, self.top)
         attend = present & (self.keep | picked)
         share = torch.softmax(score.masked_fill(~present, -math.inf), dim=1).nan_to_num(0.0)
-        self.relevance += share.cpu()
-        self.picked += picked.long().cpu()
+        self.relevance += share
+        self.picked += picked.long()
         tokens = attend.gather(1, self.slots.clamp(min=0)) & (self.slots >= 0) & valid
-        self.attended += tokens.sum(1).float().cpu()
+        self.attended += tokens.sum(1).float()
         if torch.equal(tokens, valid):  # every cached token stays: the context as it is
             return ctx_k, ctx_v, valid
         return compact(ctx_k, ctx_v, tokens)
@@ -79,7 +80,9 @@ def retrieve(score: torch.Tensor, candidates: torch.Tensor, top: torch.Tensor) -
     ties go to the earlier slot."""
     ranked = score.masked_fill(~candidates, -math.inf)
     order = torch.argsort(ranked, dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1]).expand_as(order))
+    rank = torch.empty_like(order).scatter_(
+        1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+    )
     limit = torch.where(top < 0, torch.full_like(top, order.shape[1]), top).to(score.device)
     return candidates & (rank < limit[:, None])
 

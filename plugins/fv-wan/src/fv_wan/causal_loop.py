@@ -68,10 +68,11 @@ def context_frames(cached: int, window: int) -> int:
 
 
 def cache_layout(
-    frames: list[int], chunk_frames: int, sink: int, tokens_per_frame: int, size: int, room: int
+    frames: list[int], chunk_frames: int, sink: int, tokens_per_frame: int, size: int, room: int, device
 ) -> dict[str, torch.Tensor]:
-    """The cache's blocks as a KV policy reads them (one row; ``fv_core.extend.KVPolicy``): the slot of
-    each of the ``size`` context tokens, each slot's block index, frames and sink flag, and ``room``."""
+    """The cache's blocks as a KV policy reads them (one row on ``device``; ``fv_core.extend.KVPolicy``):
+    the slot of each of the ``size`` context tokens, each slot's block index, frames and sink flag, and
+    ``room``."""
     slots = size // tokens_per_frame
     blocks: list[int] = []
     counts: list[int] = []
@@ -82,14 +83,17 @@ def cache_layout(
         counts[-1] += 1
     of_token = [i for i, c in enumerate(counts) for _ in range(c * tokens_per_frame)]
     pad = slots - len(blocks)
+    rows = {
+        "kv_slots": [of_token + [-1] * (size - len(of_token))],
+        "kv_blocks": [blocks + [-1] * pad],
+        "kv_frames": [counts + [0] * pad],
+        "kv_sinks": [[b * chunk_frames < sink for b in blocks] + [False] * pad],
+        "kv_room": [room],
+    }
+    kinds = {"kv_sinks": torch.bool}
     return {
-        "kv_slots": torch.tensor([of_token + [-1] * (size - len(of_token))], dtype=torch.long),
-        "kv_blocks": torch.tensor([blocks + [-1] * pad], dtype=torch.long),
-        "kv_frames": torch.tensor([counts + [0] * pad], dtype=torch.long),
-        "kv_sinks": torch.tensor(
-            [[b * chunk_frames < sink for b in blocks] + [False] * pad], dtype=torch.bool
-        ),
-        "kv_room": torch.tensor([room], dtype=torch.long),
+        name: torch.tensor(row, dtype=kinds.get(name, torch.long), device=device)
+        for name, row in rows.items()
     }
 
 
@@ -322,7 +326,7 @@ class CausalWanLoop(WanLoop):
             "rope_cos": cos,
             "rope_sin": sin,
             **ctx,
-            **cache_layout(v["cache_frames"], n, v["sink"], tpf, ctx["ctx_k"].shape[3], room),
+            **cache_layout(v["cache_frames"], n, v["sink"], tpf, ctx["ctx_k"].shape[3], room, pool.k.device),
             KV_INPUT: None,  # a KV policy may pick each layer's context and what leaves the cache
         }
         precision = str(inst.dtype).removeprefix("torch.")
