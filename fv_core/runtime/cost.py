@@ -78,9 +78,11 @@ class CostModel:
         """Fold one measured step time into the EMA of its key."""
         if plan.cost_s <= 0:
             return
-        sample = actual_s / plan.cost_s
+        sample, key = actual_s / plan.cost_s, calibration_key(state, plan)
         with self._lock:
-            calib = self._calib.setdefault(calibration_key(state, plan), Calibration())
+            calib = self._calib.get(key)
+            if calib is None:
+                calib = self._calib[key] = Calibration()
             calib.ratio = (
                 sample if calib.samples == 0 else (1 - self.alpha) * calib.ratio + self.alpha * sample
             )

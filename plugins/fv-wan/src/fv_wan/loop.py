@@ -371,24 +371,24 @@ class WanLoop:
         )
 
     def _model_input(self, state: LoopState, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The transformer's input latents and timestep [1] (or per token [1, tokens]) at timestep ``t``."""
+        """The transformer's input latents and timestep ``t`` [1] (or per token [1, tokens])."""
         variant, tensors = self.instance.variant, state.tensors
         latents = tensors["latents"]
         if variant.conditioning == "concat":
-            return torch.cat([latents, tensors["condition"]], dim=1), t.expand(1)
+            return torch.cat([latents, tensors["condition"]], dim=1), t
         if variant.conditioning == "first_frame":
             mask = tensors["frame_mask"]
             if "condition" in tensors:
                 latents = conditioning.with_image_frame(latents, tensors["condition"], mask)
             _, p_h, p_w = variant.patch
             return latents, (mask[0, 0][:, ::p_h, ::p_w] * t).flatten().unsqueeze(0)
-        return latents, t.expand(1)
+        return latents, t
 
     def _denoise_plan(self, state: LoopState, inst, precision: str) -> WorkPlan:
         i, v, dtype = state.step, state.values, inst.dtype
         expert = self._expert(state, i)
         kv, img_kv = state.tensors[f"kv.{expert}"], state.tensors.get(f"img_kv.{expert}")
-        t = state.tensors["timesteps"][i].to(state.tensors["latents"].device)
+        t = state.tensors["timesteps"][i : i + 1].to(state.tensors["latents"].device)
         latents, timestep = self._model_input(state, t)
         latents = latents.to(dtype)
         mode = v["cfg_mode"] if v["cfg"] else "single"
