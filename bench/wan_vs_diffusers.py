@@ -328,6 +328,7 @@ def main() -> None:
             "denoise_step_s": fv["denoise_step_s"],
             "fraction_of_step": fv["overhead_fraction"],
             "fraction_of_step_median": fv["overhead_fraction_median"],
+            "fraction_of_step_per_round": [r["overhead_fraction"] for r in runs["fv", "default"]],
             "steps": args.overhead_steps,
             "goal": "< 0.005 (issue #19)",
             "note": "fv wall time between consecutive denoise bodies (advance: CFG combine + sampler; next; engine); "
@@ -338,6 +339,7 @@ def main() -> None:
                 "per_step_median_s": df["non_model_per_step_median_s"],
                 "model_step_s": df["model_step_s"],
                 "fraction_of_step": df["non_model_fraction"],
+                "fraction_of_step_per_round": [r["non_model_fraction"] for r in runs["diffusers", "default"]],
                 "note": "WanPipeline wall time per step outside its two transformer calls (CFG combine, "
                 "scheduler step, inputs, between the calls), by forward hooks",
             },
