@@ -1,0 +1,291 @@
+"""Distribution matching (DMD, Yin et al. 2024): what DMD-style distillation methods share.
+
+A frozen **teacher** (the real score), a **critic** (the fake score: a copy of the teacher trained
+with the flow loss on the student's detached samples, so it tracks the student's distribution) and
+a **student** trained on its own samples with the distribution-matching loss. A method subclasses
+:class:`DistributionMatching` and says how the student samples (``sample``) and what it exports;
+the scores, both losses, the two-timescale update step, the evaluation gap and the checkpoints are here.
+
+``dm_loss``: the KL gradient between the student's output distribution and the teacher's, estimated
+at a noisy copy of the sample by the difference of the fake and real x0 predictions, normalised per
+sample by ``mean|x0 - real|`` (DMD's weighting), applied as ``0.5 * ||x0 - sg(x0 - grad)||^2``.
+``flow_loss``: flow matching (velocity target ``noise - x0``), the critic's.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, field_validator, model_validator
+
+import fv_core
+from fv_core.training.config import StrictModel, TrainConfig, read_prompts, validate_options
+from fv_core.training.method import Role
+from fv_core.training.trainer import load_optimizer, make_optimizer, save_optimizer, set_lr
+
+
+class DMDOptions(StrictModel):
+    """The options every DMD-style method takes (a config's ``options:`` section)."""
+
+    teacher: str = "wan2.1-t2v-shapes"  # card id of the frozen teacher (the real score)
+    teacher_weights: Path | None = None  # its checkpoint folder (default: the card's own weights)
+    prompts: Path  # text file, one prompt per line (data-free: only prompts are needed)
+    # The student's fixed timesteps (of num_train_timesteps), first to last: what its card pins.
+    timesteps: list[int] = Field(default_factory=lambda: [1000, 750], min_length=1)
+    critic_steps_per_generator: int = Field(5, ge=1)  # TTUR: a generator update every N critic updates
+    critic_lr: float | None = Field(None, gt=0)  # the critic's learning rate (default: optim.lr)
+    real_guidance: float = Field(1.0, ge=1.0)  # CFG scale of the teacher's (real) score
+    # Noise levels of the distribution-matching and critic losses: uniform in [min_sigma, max_sigma],
+    # then the teacher's flow shift s*u / (1 + (s-1)*u) (the levels it was trained and samples at).
+    min_sigma: float = Field(0.02, gt=0, lt=1)
+    max_sigma: float = Field(0.98, gt=0, lt=1)
+    shift: float = Field(3.0, gt=0)
+    eval_prompts: int = Field(8, gt=0)  # prompts (fixed noise) of the cheap evaluation
+    eval_sigmas: list[float] = Field(default_factory=lambda: [0.3, 0.6, 0.9], min_length=1)
+
+    @field_validator("timesteps")
+    @classmethod
+    def _decreasing(cls, value: list[int]) -> list[int]:
+        if any(t <= 0 or t > 1000 for t in value) or any(
+            a <= b for a, b in zip(value, value[1:], strict=False)
+        ):
+            raise ValueError(
+                f"timesteps={value} must be strictly decreasing integers in (0, 1000] (the student's fixed "
+                "steps, first to last). Fix: e.g. [1000] for one step or [1000, 750, 500, 250] for four"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _range(self) -> DMDOptions:
+        if self.min_sigma >= self.max_sigma:
+            raise ValueError(
+                f"min_sigma={self.min_sigma} must be below max_sigma={self.max_sigma}. Fix: e.g. "
+                "min_sigma: 0.02, max_sigma: 0.98"
+            )
+        return self
+
+
+def draw_sigmas(n: int, lo: float, hi: float, shift: float, gen: torch.Generator) -> torch.Tensor:
+    """``n`` noise levels: uniform in ``[lo, hi]`` under the flow shift ``s*u / (1 + (s-1)*u)``."""
+    u = lo + (hi - lo) * torch.rand(n, generator=gen)
+    return shift * u / (1 + (shift - 1) * u)
+
+
+def noised(x0: torch.Tensor, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``x0`` [B, ...] at flow level ``sigma`` [B]."""
+    s = sigma.view(-1, *([1] * (x0.dim() - 1)))
+    return (1 - s) * x0 + s * noise
+
+
+def dm_loss(x0: torch.Tensor, real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distribution-matching loss on the sample ``x0`` (with grad) given the teacher's (``real``) and
+    the critic's (``fake``) x0 predictions at its noisy copy; and the mean magnitude of its gradient."""
+    with torch.no_grad():
+        dims = tuple(range(1, x0.dim()))
+        weight = (x0.detach() - real).abs().mean(dim=dims, keepdim=True)
+        grad = torch.nan_to_num((fake - real) / weight)
+    return 0.5 * F.mse_loss(x0, (x0 - grad).detach()), grad.abs().mean()
+
+
+def flow_loss(velocity: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Flow matching: the predicted velocity against ``noise - x0``."""
+    return F.mse_loss(velocity, noise - x0)
+
+
+class DistributionMatching:
+    """The DMD machinery of a method; a subclass sets ``adapter`` and calls :meth:`setup_roles`, and
+    implements ``sample(embeds, gen, grad)`` (the student's samples, x0 [B, ...])."""
+
+    cfg: TrainConfig
+    opts: Any  # a DMDOptions subclass
+    adapter: Any  # the teacher family's TrainAdapter
+
+    def load_teacher(self, cfg: TrainConfig, options: type[DMDOptions], method: str) -> Any:
+        """Validate the options, seed, read the prompts; the loaded teacher model."""
+        self.cfg, self.opts = cfg, validate_options(options, cfg.options, method)
+        torch.manual_seed(cfg.seed)
+        self.prompts = read_prompts(self.opts.prompts)
+        model = fv_core.load(self.opts.teacher, self.opts.teacher_weights)
+        self.teacher_defaults = model.prepare({"prompt": "-"}).params
+        return model
+
+    def setup_roles(self, student: torch.nn.Module | None = None, ema: bool = False) -> None:
+        """Teacher (frozen), student (the teacher's copy, or ``student``'s weights), an EMA of it when
+        ``ema``, critic (the teacher's copy); both optimisers; every prompt's embeddings once."""
+        teacher = self.adapter.module("transformer").requires_grad_(False).eval()
+        self.adapter.module("text_encoder").requires_grad_(False).eval()
+        start = copy.deepcopy(teacher)
+        if student is not None:
+            start.load_state_dict(student.state_dict())
+        self.roles: dict[Role, dict[str, torch.nn.Module]] = {
+            Role.TEACHER: {"transformer": teacher},
+            Role.STUDENT: {"transformer": start.requires_grad_(True)},
+        }
+        if ema:
+            self.roles[Role.EMA] = {"transformer": copy.deepcopy(start).requires_grad_(False).eval()}
+        self.roles[Role.CRITIC] = {"transformer": copy.deepcopy(teacher).requires_grad_(True)}
+        self.opt_g = make_optimizer(list(self.student.parameters()), self.cfg.optim)
+        self.critic_optim = self.cfg.optim.model_copy(update={"lr": self.opts.critic_lr or self.cfg.optim.lr})
+        self.opt_c = make_optimizer(list(self.critic.parameters()), self.critic_optim)
+        with torch.no_grad():  # the frozen text encoder
+            self.embeds = self.adapter.conditioning(self.prompts)
+            self.uncond = self.adapter.conditioning([""]) if self.opts.real_guidance > 1 else None
+        self._last_g: dict[str, float] = {}
+
+    @property
+    def student(self) -> torch.nn.Module:
+        return self.roles[Role.STUDENT]["transformer"]
+
+    @property
+    def critic(self) -> torch.nn.Module:
+        return self.roles[Role.CRITIC]["transformer"]
+
+    @property
+    def teacher(self) -> torch.nn.Module:
+        return self.roles[Role.TEACHER]["transformer"]
+
+    def sample(self, embeds: torch.Tensor, gen: torch.Generator, grad: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    # ---- scores and losses ----
+
+    def real_x0(self, x: torch.Tensor, sigma: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        v = self.adapter.velocity(self.teacher, x, sigma, embeds)
+        if self.uncond is not None:
+            v_u = self.adapter.velocity(self.teacher, x, sigma, self.uncond.expand_as(embeds))
+            v = v_u + self.opts.real_guidance * (v - v_u)
+        return x - sigma.view(-1, 1, 1, 1, 1) * v
+
+    def fake_x0(self, x: torch.Tensor, sigma: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        return x - sigma.view(-1, 1, 1, 1, 1) * self.adapter.velocity(self.critic, x, sigma, embeds)
+
+    def draw_sigmas(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        return draw_sigmas(n, self.opts.min_sigma, self.opts.max_sigma, self.opts.shift, gen)
+
+    def generator_loss(
+        self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The distribution-matching loss on the student's sample ``x0`` at a random noise level."""
+        sigma = self.draw_sigmas(x0.shape[0], gen)
+        with torch.no_grad():
+            noisy = noised(x0.detach(), sigma, torch.randn(x0.shape, generator=gen))
+            real, fake = self.real_x0(noisy, sigma, embeds), self.fake_x0(noisy, sigma, embeds)
+        return dm_loss(x0, real, fake)
+
+    def critic_loss(
+        self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator, sigma: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Flow matching of the fake score on the student's (detached) samples."""
+        sigma = self.draw_sigmas(x0.shape[0], gen) if sigma is None else sigma
+        noise = torch.randn(x0.shape, generator=gen)
+        velocity = self.adapter.velocity(
+            self.critic, noised(x0.detach(), sigma, noise), sigma, embeds, train=True
+        )
+        return flow_loss(velocity, x0.detach(), noise)
+
+    # ---- the step: a critic update, and first a generator update every few steps (TTUR) ----
+
+    def step(self, step: int) -> dict[str, float]:
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)  # per step: resume is exact
+        embeds = self.embeds[torch.randint(len(self.prompts), (self.cfg.batch_size,), generator=gen)]
+        self.student.train()
+        self.critic.train()
+        ratio = self.opts.critic_steps_per_generator
+        if step % ratio == 0:
+            x0 = self.generator_step(step // ratio, embeds, gen)
+        else:
+            with torch.no_grad():
+                x0 = self.sample(embeds, gen, False)
+        lr_c = set_lr(self.opt_c, self.critic_optim, step, self.cfg.steps)
+        loss_c = self.critic_loss(x0, embeds, gen)
+        self.opt_c.zero_grad(set_to_none=True)
+        loss_c.backward()
+        norm_c = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.optim.grad_clip)
+        self.opt_c.step()
+        return {
+            "loss": loss_c.item(),
+            "loss_critic": loss_c.item(),
+            "grad_norm_c": norm_c.item(),
+            "lr_c": lr_c,
+            **self._last_g,
+        }
+
+    def generator_step(self, update: int, embeds: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """One student update on its own sample (then ``after_generator_step``); the detached sample."""
+        total = -(-self.cfg.steps // self.opts.critic_steps_per_generator)
+        lr_g = set_lr(self.opt_g, self.cfg.optim, update, total)
+        x0 = self.sample(embeds, gen, True)
+        self.critic.requires_grad_(False)
+        loss_g, grad_mag = self.generator_loss(x0, embeds, gen)
+        self.critic.requires_grad_(True)
+        self.opt_g.zero_grad(set_to_none=True)
+        loss_g.backward()
+        norm_g = torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.cfg.optim.grad_clip)
+        self.opt_g.step()
+        self.after_generator_step(update)
+        self._last_g = {
+            "loss_dm": loss_g.item(),
+            "dm_grad": grad_mag.item(),
+            "grad_norm_g": norm_g.item(),
+            "lr_g": lr_g,
+        }
+        return x0.detach()
+
+    def after_generator_step(self, update: int) -> None:
+        """A subclass's work after each student update (an EMA)."""
+
+    # ---- evaluation ----
+
+    @torch.no_grad()
+    def dm_gap(self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
+        """At fixed noise levels of the student's samples ``x0``: the critic's flow loss and the relative
+        fake/real gap ``mean|fake - real| / mean|x0 - real|`` (0 when the critic cannot tell them from
+        the teacher's)."""
+        count = x0.shape[0]
+        metrics: dict[str, float] = {"x0_std": x0.std().item()}
+        for value in self.opts.eval_sigmas:
+            sigma = torch.full((count,), value)
+            noisy = noised(x0, sigma, torch.randn(x0.shape, generator=gen))
+            real, fake = self.real_x0(noisy, sigma, embeds), self.fake_x0(noisy, sigma, embeds)
+            metrics[f"dm_gap@{value}"] = ((fake - real).abs().mean() / (x0 - real).abs().mean()).item()
+            metrics[f"critic_loss@{value}"] = self.critic_loss(x0, embeds, gen, sigma).item()
+        return metrics
+
+    def eval_embeds(self) -> torch.Tensor:
+        """The evaluation's fixed prompts (spread over the prompt file)."""
+        count = min(self.opts.eval_prompts, len(self.prompts))
+        return self.embeds[torch.linspace(0, len(self.prompts) - 1, count).round().long()]
+
+    # ---- checkpoints ----
+
+    def save_state(self, folder: Path, modules: dict[str, torch.nn.Module]) -> None:
+        """``modules`` (role folder -> transformer, beside the exported student) and both optimisers."""
+        for role, module in modules.items():
+            saved: Any = module  # a diffusers model: save_pretrained / from_pretrained
+            saved.save_pretrained(folder / role / "transformer", safe_serialization=True)
+        save_optimizer(self.opt_g, folder / "generator_optimizer.safetensors")
+        save_optimizer(self.opt_c, folder / "critic_optimizer.safetensors")
+
+    def load_state(self, folder: Path, modules: dict[str, torch.nn.Module]) -> None:
+        """What ``save_state`` (and the export, under role folder ``""``) wrote."""
+        for role, module in modules.items():
+            cls: Any = type(module)  # a diffusers model class
+            saved = cls.from_pretrained(folder / role / "transformer", use_safetensors=True)
+            module.load_state_dict(saved.state_dict())
+        load_optimizer(self.opt_g, folder / "generator_optimizer.safetensors")
+        load_optimizer(self.opt_c, folder / "critic_optimizer.safetensors")
+
+    def teacher_recipe(self) -> dict[str, Any]:
+        """The recipe's ``teacher`` entry: its card, weights and how it samples."""
+        t = self.teacher_defaults
+        return {
+            "card": self.opts.teacher,
+            "weights": str(self.opts.teacher_weights) if self.opts.teacher_weights else None,
+            "steps": t.num_inference_steps,
+            "guidance": t.guidance_scale,
+            "sampler": getattr(t, "sampler", None),
+        }
