@@ -145,4 +145,7 @@ def test_fastwan_card_rejects_block_skipping(model):
     assert check_deploy(parse_deploy(deploy), host) == []
     deploy["models"][0]["card"] = "fastwan2.1-t2v-1.3b"
     [problem] = check_deploy(parse_deploy(deploy), host)
-    assert "rejects 'dbcache' (a block_skip interceptor)" in problem
+    assert (
+        "rejects 'dbcache' (a block_skip interceptor: it skips transformer blocks of a denoise step)"
+        in problem
+    )
