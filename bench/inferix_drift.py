@@ -19,7 +19,9 @@ first block, in the spirit of LV-Bench's video drift error: the palette colour o
 block 0, the RGB distance of the object's mean colour and the change of its fill ratio (the shape's
 cue); motion is right when the direction read over the block equals the one its prompt asked for.
 Per block also the seconds of its transformer passes (median and min over rollouts) and the KV
-cache's bytes (the pool's pages in use). Writes bench/results/inferix_drift.json and .png.
+cache's bytes (the pool's pages in use); the cost per block of one long request on a medium
+random-weight Wan (where attention weighs); and the card's VAE alone on 17-frame ground-truth clips
+(what the detector can read past 9 frames at all). Writes bench/results/inferix_drift.json and .png.
 """
 
 from __future__ import annotations
@@ -307,6 +309,36 @@ def cost_sweep(blocks: int, budget: int, repeats: int, smoke: bool) -> dict[str,
     return out
 
 
+def vae_round_trip(model, clips: int = 24) -> dict[str, float]:
+    """The card's VAE alone on ground truth: 17-frame shapes clips (a 9-frame clip, then back the way
+    it came) encoded and decoded; the detector's colour on frames 0..8 and 8..16 (the part past the
+    VAE's 9-frame training clips)."""
+    from fv_train_flow import shapes
+    from fv_train_flow.detect import detect
+    from fv_wan import conditioning
+    from fv_wan.loop import decode_body
+
+    vae, gen = model.instance.component("vae"), torch.Generator().manual_seed(0)
+    right = {"early": 0, "late": 0}
+    for _ in range(clips):
+        spec = shapes.sample_spec(gen, shapes.ALL_COMBOS)
+        dx, dy = shapes.DIRECTIONS[spec.direction]
+        end = (spec.start[0] + dx * shapes.TRAVEL, spec.start[1] + dy * shapes.TRAVEL)
+        back = shapes.ClipSpec(spec.colour, spec.shape, OPPOSITE[spec.direction], end)
+        video = torch.cat([shapes.render(spec), shapes.render(back)[1:]])
+        with torch.inference_mode():
+            z = vae.encode(video.permute(3, 0, 1, 2)[None] * 2 - 1).latent_dist.mode()
+            mean, inv_std = conditioning.latent_stats(vae, z)
+            frames = decode_body(vae, {"latents": (z - mean) * inv_std})["frames"][0]
+        right["early"] += detect(frames[:9]).colour == spec.colour
+        right["late"] += detect(frames[8:]).colour == spec.colour
+    return {
+        "clips": clips,
+        "colour_frames_0_8": right["early"] / clips,
+        "colour_frames_8_16": right["late"] / clips,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=24, help="latent frames (blocks) per rollout")
@@ -368,6 +400,7 @@ def main() -> None:
             rolling["peak_cache_bytes"] / results["full"]["summary"]["peak_cache_bytes"], 3
         ),
     }
+    vae = vae_round_trip(model) if not args.smoke else None  # the tiny card's VAE is random
     cost = cost_sweep(blocks, budget, 1 if args.smoke else args.repeats, args.smoke)
     out = {
         "bench": "inferix_drift",
@@ -385,6 +418,7 @@ def main() -> None:
         "verdict": verdict,
         "policies": results,
         "cost_medium": cost,
+        "vae_round_trip_17_frames": vae,
         "machine": {
             "cpu": platform.processor() or platform.machine(),
             "threads": args.threads,
