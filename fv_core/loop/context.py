@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +38,7 @@ class LoopContext:
             self.observers = (*self.observers, self.recorder)
 
 
-@contextlib.contextmanager
-def grad_mode(profile: Profile) -> Iterator[None]:
-    """Grad enabled under the train profile (it reuses the step body), disabled otherwise."""
-    with torch.set_grad_enabled(profile is Profile.TRAIN):
-        yield
+def grad_mode(profile: Profile) -> torch.set_grad_enabled:
+    """Grad enabled under the train profile (it reuses the step body), disabled otherwise: torch's own
+    context manager (no generator frames between bodies)."""
+    return torch.set_grad_enabled(profile is Profile.TRAIN)

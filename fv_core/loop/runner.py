@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from fv_core.errors import NonFiniteOutput
-from fv_core.loop.context import LoopContext
+from fv_core.loop.context import LoopContext, grad_mode
 from fv_core.loop.contracts import (
     Done,
     Loop,
@@ -64,7 +64,7 @@ def check_finite(request_id: str, outputs: dict[str, Any]) -> None:
 
 def run_plan(plan: WorkPlan, profile: Profile) -> StepResult:
     """Run one plan's body alone, timed, in the profile's grad mode."""
-    with torch.set_grad_enabled(profile is Profile.TRAIN):  # grad_mode, without contextlib's frames
+    with grad_mode(profile):
         t0 = time.perf_counter()
         outputs = plan.body(plan.inputs)
         return StepResult(outputs, seconds=time.perf_counter() - t0)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fv_core.loop.context import grad_mode
 from fv_core.loop.contracts import Profile, StepResult, WorkPlan
 from fv_core.loop.runner import run_plan
 from fv_core.loop.seam import BLOCKS_INPUT
@@ -86,7 +87,7 @@ def run_batch(plans: list[WorkPlan], profile: Profile) -> list[StepResult]:
     if len(plans) == 1:
         return [run_plan(plans[0], profile)]
     sizes = [p.batch_size for p in plans]
-    with torch.set_grad_enabled(profile is Profile.TRAIN):  # grad_mode, without contextlib's frames
+    with grad_mode(profile):
         t0 = time.perf_counter()
         outputs = plans[0].body(concat_inputs(plans))
         seconds = time.perf_counter() - t0
