@@ -17,7 +17,7 @@ import torch
 
 from fv_core.cache.key import content_hash
 from fv_core.loop.contracts import LoopResult, LoopState, StepResult, WorkPlan
-from fv_core.loop.seam import BLOCKS_INPUT
+from fv_core.loop.seam import BLOCKS_INPUT, KV_INPUT
 
 _SCALARS = (bool, int, float, str)
 
@@ -135,7 +135,8 @@ class BehaviorRecorder:
         with self._lock:
             last = self._last[key]
             call, position = self._call(result)
-            hooked = plan.inputs.get(BLOCKS_INPUT) is not None
+            # a block interceptor or KV policy shaped the body's work: its inputs alone do not replay it
+            hooked = plan.inputs.get(BLOCKS_INPUT) is not None or plan.inputs.get(KV_INPUT) is not None
             step = StepRecord(
                 state.step,
                 plan.kind.value,

@@ -22,9 +22,10 @@ for bit (``check_c2``). A loop makes its steps replayable by implementing
 never functions. A step that ran alone is reproduced by ``replay_step``; one that ran in a batched
 call (``step.batched_with > 1``) is reproduced bit for bit by replaying its whole call
 (``replay_call(model, call_of(records, record, index))``) - alone it may differ by rounding.
-``step.replayable`` is False where an interceptor answered the step or drove its blocks. Replay
-runs the weights live now: they reproduce the record while ``record.weights_versions`` still
-names them, and give the updated prediction once training changed them.
+``step.replayable`` is False where an interceptor answered the step, drove its blocks or (a KV
+policy) chose its context. Replay runs the weights live now: they reproduce the record while
+``record.weights_versions`` still names them, and give the updated prediction once training changed
+them.
 
 Signatures::
 

@@ -19,6 +19,7 @@ from fv_core.deploy.card import parse_deploy
 from fv_core.deploy.check import check_deploy
 from fv_core.extend import BaseObserver
 from fv_core.runtime import Engine
+from fv_core.training.rollout import rollout
 from fv_inferix import Inferix
 from fv_wan.tiny import tiny_weights
 
@@ -163,6 +164,12 @@ def test_enabled_by_name_in_a_deploy_file_and_refused_by_cards_without_a_causal_
     loaded = fv_core.load(CAUSAL, deploy=deploy, host=host)
     video = loaded.generate(prompt="a cat", num_frames=13, seed=1)
     assert video.provenance["metrics"]["kv_policy"]["options"]["global_blocks"] == 2
+    [rolled] = rollout(
+        loaded, [dict(prompt="a cat", num_frames=13, seed=1)]
+    )  # the policy chose each context:
+    assert not any(
+        s.replayable for s in rolled.record.steps if s.label.startswith("chunk")
+    )  # inputs alone differ
     bidirectional = parse_deploy({**plan, "models": [{**entry, "card": "wan2.1-t2v-tiny"}]})
     (problem,) = check_deploy(bidirectional, host)
     assert "rejects 'inferix' (a kv_policy interceptor: it decides the KV cache of a block-causal" in problem
@@ -205,7 +212,9 @@ def test_the_drift_bench_runs_end_to_end(tmp_path):
 
     out = tmp_path / "drift.json"
     bench = Path(__file__).resolve().parents[3] / "bench" / "inferix_drift.py"
-    subprocess.run([sys.executable, str(bench), "--smoke", "--out", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(bench), "--smoke", "--out", str(out)], check=True, capture_output=True
+    )
     report = json.loads(out.read_text())
     assert set(report["policies"]) == {"full", "rolling", "inferix", "inferix-all-stored"}
     assert report["verdict"]["budget_held"] and report["verdict"]["budget_vs_full_history"] < 0.5

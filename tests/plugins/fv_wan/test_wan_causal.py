@@ -300,6 +300,35 @@ def test_bad_values_name_the_value_the_rule_and_the_fix(model, tiny_model, varia
         CausalWanModel(model.card, variant_folders["i2v", "first"])
 
 
+def test_rolled_out_chunk_passes_replay_bit_for_bit_and_pass_c2(model):
+    """The core's rollout records every chunk pass with the context it gathered; replay reproduces
+    each (alone, or its whole batched call) and the train profile equals the serve one (C2)."""
+    from fv_core.loop.contracts import Profile
+    from fv_core.training.rollout import call_of, check_c2, replay_call, replay_step, rollout
+
+    asks = [
+        dict(prompt="a cat", seed=1, num_frames=13, window_frames=2),
+        dict(prompt="a dog", seed=2, num_frames=13),
+    ]
+    rolled = rollout(model, [model.prepare(a, request_id=f"r{i}") for i, a in enumerate(asks)])
+    records = [r.record for r in rolled]
+    passes = [(rec, i) for rec in records for i, s in enumerate(rec.steps) if s.label.startswith("chunk")]
+    assert len(passes) == 2 * (4 * 4 + 3) and any(rec.steps[i].batched_with > 1 for rec, i in passes)
+    for rec, i in passes:
+        members = call_of(records, rec, i)
+        (out,) = [
+            o for (r, k), o in zip(members, replay_call(model, members), strict=True) if (r, k) == (rec, i)
+        ]
+        assert torch.equal(out["velocity"], rec.steps[i].outputs["velocity"]), rec.steps[i].label
+    rec, i = next((r, k) for r, k in passes if r.steps[k].kind == "ar_prefill")
+    served = replay_step(model, rec, i, Profile.SERVE)
+    trained = check_c2(model, rec, i, ["velocity", "k", "v"])
+    assert trained["velocity"].requires_grad and torch.equal(trained["k"].detach(), served["k"])
+    decode = next(k for k, s in enumerate(rec.steps) if s.label.startswith("decode chunk"))
+    with pytest.raises(ConfigError, match="feature cache"):
+        replay_step(model, rec, decode)
+
+
 def test_a_single_chunk_writes_nothing(model):
     result = run(model, prepared(model, num_frames=1))
     assert result.outputs["frames"].shape[0] == 1 and result.metrics["max_cached_frames"] == 0

@@ -298,10 +298,21 @@ class CausalWanLoop(WanLoop):
             self.instance.sessions.release(state.values["session"], state.request_id)
 
     def replay_plan(self, record: Any, step: Any) -> WorkPlan:
-        raise ConfigError(
-            "replaying recorded steps of the causal Wan loop is not supported yet (its steps read a KV pool "
-            "the record does not hold). Fix: replay records of the bidirectional Wan loop."
-        )
+        """A recorded chunk pass (denoise step or cache write) as a plan on the live weights: the chunk
+        body over its recorded inputs, which hold the context it gathered from the pool; the prompt's
+        encode and text keys/values are WanLoop's. A chunk's decode carries the VAE's feature cache,
+        which records do not hold."""
+        kind = WorkUnitKind(step.kind)
+        if kind in (WorkUnitKind.DIFFUSION_STEP, WorkUnitKind.AR_PREFILL):
+            inputs = dict(step.inputs)
+            body = partial(chunk_body, self.instance.component(DIT))
+            return WorkPlan(kind, body, inputs, batch_size=inputs["latents"].shape[0], label=step.label)
+        if kind == WorkUnitKind.VAE_TILE:
+            raise ConfigError(
+                f"step {step.label!r} decodes a chunk with the VAE's feature cache of the chunks before it, which "
+                "a record does not hold. Fix: replay the chunk passes (denoise steps and cache writes)."
+            )
+        return super().replay_plan(record, step)
 
     # ---- plans ----
 
