@@ -20,8 +20,8 @@ includes imports, weights and warm caches): ``single`` is one request,
 twice per side, with glibc's default allocator policy and with a fixed mmap
 threshold (``MALLOC_MMAP_THRESHOLD_``, the same for both sides), since glibc's
 dynamic threshold keeps freed large tensors in the heap (``allocator slack``).
-fv's breakdown: imports, weights, cache bytes, the per-request text K/V its
-loop state holds (half of it the CFG negative branch), the scenario's growth
+fv's breakdown: imports, weights, cache bytes, the text K/V one request's
+loop state holds (folded: its prompts' positions, not 512 padded ones), the scenario's growth
 over the resident set (activations and step inputs), and the slack
 ``malloc_trim`` returns at the end. Weights are random: this measures speed only.
 """
@@ -209,6 +209,15 @@ def side_fv(weights: str, steps: int, batch_rows: int = 8, overhead_steps: int =
                 self.ends.append(now)
                 self.bodies.append(result.seconds)
 
+    class KVBytes(StepClock):
+        """Observer: the most bytes of text keys/values a request's state held."""
+
+        most = 0
+
+        def on_step(self, state, plan, result):
+            held = sum(t.nbytes for k, t in state.tensors.items() if k.startswith("kv"))
+            self.most = max(self.most, held)
+
     with torch.no_grad():
         Engine().run_one(*req(0, "warm"))  # loads components, warms the text cache
         two_forward = best(lambda: Engine().run_one(*req(0, "tf", "two_forward")))
@@ -225,10 +234,9 @@ def side_fv(weights: str, steps: int, batch_rows: int = 8, overhead_steps: int =
         clock = StepClock()
         Engine().run_one(*req(0, "ow", steps=overhead_steps))  # UniPC's terms of this schedule, cached
         Engine(observers=(clock,)).run_one(*req(0, "o", steps=overhead_steps))
+        kv_state = KVBytes()
+        Engine(observers=(kv_state,)).run_one(*req(0, "kv"))
     # between two denoise bodies: observers, advance (CFG combine, sampler update), next, scheduling
-    dit = inst.component("transformer").config
-    dim = dit.num_attention_heads * dit.attention_head_dim
-    kv_state = 2 * dit.num_layers * 2 * 512 * dim * 4  # [cond, uncond] x blocks x (k, v) x 512 x dim fp32
     gaps = [b - a - body for a, b, body in zip(clock.ends, clock.ends[1:], clock.bodies[1:], strict=False)]
     overhead, step = sum(gaps) / len(gaps), sum(clock.bodies) / len(clock.bodies)
     return dict(
@@ -245,7 +253,7 @@ def side_fv(weights: str, steps: int, batch_rows: int = 8, overhead_steps: int =
         imports_mib=imports,
         weights_mib=inst.weights_bytes() / MIB,
         **{f"cache_{k}_mib": v / MIB for k, v in inst.cache_bytes().items()},
-        text_kv_state_per_request_mib=kv_state / MIB,
+        text_kv_state_per_request_mib=kv_state.most / MIB,
         growth_single_mib=peak_single - resident_single,
         growth_8_mib=peak_8 - resident_8,
         slack_mib=trimmed_mib(),

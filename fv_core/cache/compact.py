@@ -36,13 +36,17 @@ class RepeatedTail:
         return torch.cat([self.head, last.expand(sizes)], self.dim)
 
 
-def fold_tail(t: torch.Tensor, dim: int) -> RepeatedTail:
-    """``t`` with its trailing run of bit-identical rows along ``dim`` stored once (always lossless)."""
+def tail_start(t: torch.Tensor, dim: int) -> int:
+    """Index along ``dim`` of the first row of ``t``'s trailing run of bit-identical rows."""
     rows = t.shape[dim]
     bits = t.view(_BITS[t.element_size()]) if t.dtype.is_floating_point else t
     same = (bits == bits.narrow(dim, rows - 1, 1)).movedim(dim, -1).reshape(-1, rows).all(0)
-    run = int(same.flip(0).int().cumprod(0).sum())  # length of the trailing run (>= 1)
-    return RepeatedTail(t.narrow(dim, 0, rows - run + 1).clone(), rows, dim)
+    return rows - int(same.flip(0).int().cumprod(0).sum())  # less the trailing run's length (>= 1)
+
+
+def fold_tail(t: torch.Tensor, dim: int) -> RepeatedTail:
+    """``t`` with its trailing run of bit-identical rows along ``dim`` stored once (always lossless)."""
+    return RepeatedTail(t.narrow(dim, 0, tail_start(t, dim) + 1).clone(), t.shape[dim], dim)
 
 
 def tensor_bytes(t: torch.Tensor) -> int:

@@ -71,8 +71,8 @@ class FeatureCache:
         with self._lock:
             return list(self._entries)
 
-    def get(self, key: CacheKey) -> Any | None:
-        """The cached value (refreshing its LRU position), or None."""
+    def get(self, key: CacheKey, *, packed: bool = False) -> Any | None:
+        """The cached value (``packed``: its stored form) refreshing its LRU position, or None."""
         with self._lock:
             if key not in self._entries:
                 self.stats.misses += 1
@@ -80,7 +80,7 @@ class FeatureCache:
             self.stats.hits += 1
             self._entries.move_to_end(key)
             stored = self._entries[key][0]
-        return self._unpack(stored)
+        return stored if packed else self._unpack(stored)
 
     def put(self, key: CacheKey, value: Any) -> None:
         stored = self._pack(value)

@@ -6,7 +6,10 @@ cross-attention keys/values of the prompt, computed once per request and
 expert instead of once per step), VAE_TILE (the image's latent, then the
 decode) and DIFFUSION_STEP (one transformer call per step, or two under
 two-forward CFG). The phase is whatever the request still lacks, in that
-order (``_next_phase``). Step bodies are pure functions of their inputs over
+order (``_next_phase``). A request keeps its text keys/values folded (each
+prompt row's positions up to its padding's repeated one, ``kv_rows``; the
+denoise body unfolds one block at a time), unless its steps run on a parallel
+group. Step bodies are pure functions of their inputs over
 shared weights, so the runtime may batch equal-keyed plans of different
 requests; a step's batch key names its expert, so Wan2.2 A14B requests
 batch only with steps on the same expert. CFG combine and the sampler update
@@ -34,6 +37,7 @@ from fv_core import (
     WorkPlan,
     WorkUnitKind,
 )
+from fv_core.cache import RepeatedTail, fold_tail
 from fv_core.extend import BLOCKS_INPUT
 from fv_core.request import ImagePart
 from fv_wan import conditioning
@@ -41,7 +45,7 @@ from fv_wan.model import WanModel
 from fv_wan.parallel import parallel_denoise_body
 from fv_wan.params import WanParams
 from fv_wan.samplers import Schedule, make_sampler
-from fv_wan.transformer import image_kv, text_kv, wan_forward_kv
+from fv_wan.transformer import folded_text_kv, image_kv, text_kv, wan_forward_kv
 from fv_wan.variant import HIGH_NOISE
 
 
@@ -73,30 +77,35 @@ def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
     ``inputs["branch_suffix"]`` keeps a second expert's block caches apart from the first's.
     """
     latents, t, hook = inputs["latents"], inputs["timestep"], inputs.get(BLOCKS_INPUT)
-    branch_suffix = inputs.get("branch_suffix", "")
-    img_kv = inputs.get("img_kv")
-    if "neg_kv" in inputs:
-        cond, uncond = ("cond" + branch_suffix, "uncond" + branch_suffix)
-        return {
-            "cond": wan_forward_kv(
-                transformer, latents, t, inputs["kv"], hook=hook, branch=cond, img_kv=img_kv
-            ),
-            "uncond": wan_forward_kv(
-                transformer, latents, t, inputs["neg_kv"], hook=hook, branch=uncond, img_kv=img_kv
-            ),
-        }
-    main = "main" + branch_suffix
-    return {
-        "velocity": wan_forward_kv(
-            transformer, latents, t, inputs["kv"], hook=hook, branch=main, img_kv=img_kv
+    suffix, img_kv, length = inputs.get("branch_suffix", ""), inputs.get("img_kv"), inputs.get("kv_length", 0)
+
+    def forward(kv: str, branch: str) -> torch.Tensor:
+        return wan_forward_kv(
+            transformer,
+            latents,
+            t,
+            inputs[kv],
+            hook=hook,
+            branch=branch + suffix,
+            img_kv=img_kv,
+            kv_rows=inputs.get(kv + "_rows"),
+            kv_length=length,
         )
-    }
+
+    if "neg_kv" in inputs:
+        return {"cond": forward("kv", "cond"), "uncond": forward("neg_kv", "uncond")}
+    return {"velocity": forward("kv", "main")}
 
 
 def text_kv_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Every block's cross-attention keys/values for the prompt embeddings (step-invariant), and for
-    the image features when there are any (Wan2.1 I2V)."""
-    out = {"kv": text_kv(transformer, inputs["text"])}
+    """Every block's cross-attention keys/values for the prompt embeddings (step-invariant; with
+    ``inputs["fold"]``, folded: ``kv`` and ``kv_rows``), and for the image features when there are
+    any (Wan2.1 I2V)."""
+    if inputs.get("fold"):
+        kv, rows = folded_text_kv(transformer, inputs["text"])
+        out = {"kv": kv, "kv_rows": rows}
+    else:
+        out = {"kv": text_kv(transformer, inputs["text"])}
     if "image" in inputs:
         out["img_kv"] = image_kv(transformer, inputs["image"])
     return out
@@ -238,11 +247,19 @@ class WanLoop:
             t["condition"] = latents
             del t["condition_video"]
         elif phase == "text_kv":
-            expert = state.values["kv_for"]
+            expert, kv, held = state.values["kv_for"], out["kv"], out.get("kv_rows")
             if "image_features" not in t:  # text-only keys/values are shared by every request
+                length = t["input_ids"].shape[1]
                 for row, key in enumerate(self._kv_keys(inst, state, expert)):
-                    inst.kv_cache.put(key, out["kv"][row])
-            t[f"kv.{expert}"] = out["kv"]  # rows: cond[, uncond]
+                    folded = (
+                        fold_tail(kv[row], -2)
+                        if held is None
+                        else RepeatedTail(kv[row].narrow(-2, 0, int(held[row])).clone(), length, -2)
+                    )
+                    inst.kv_cache.put(key, folded)
+            t[f"kv.{expert}"] = kv  # rows: cond[, uncond]
+            if held is not None:
+                t[f"kv_rows.{expert}"] = held
             if "img_kv" in out:
                 t[f"img_kv.{expert}"] = out["img_kv"]
         elif phase == "denoise":
@@ -325,8 +342,9 @@ class WanLoop:
             return "condition"
         if state.step < v["steps"]:
             expert = self._expert(state, state.step)
-            if f"kv.{expert}" not in t and not self._cached_kv(state, expert):
-                v["kv_for"] = expert
+            fold = self.instance.parallel is None
+            if f"kv.{expert}" not in t and not self._cached_kv(state, expert, fold):
+                v.update(kv_for=expert, kv_fold=fold)
                 return "text_kv"
             return "denoise"
         if "frames" not in t:
@@ -342,22 +360,37 @@ class WanLoop:
         boundary = variant.boundary_ratio * self.instance.scheduler_config.get("num_train_timesteps", 1000)
         return HIGH_NOISE if state.tensors["timesteps"][step] >= boundary else variant.experts[1]
 
-    def _cached_kv(self, state: LoopState, expert: str) -> bool:
-        """Take the expert's text keys/values from the cache when every prompt row is there."""
+    def _cached_kv(self, state: LoopState, expert: str, fold: bool = False) -> bool:
+        """Take the expert's text keys/values from the cache (``fold``: kept folded) when every prompt
+        row is there."""
         if "image_features" in state.tensors:
             return False
-        kv = [self.instance.kv_cache.get(k) for k in self._kv_keys(self.instance, state, expert)]
+        keys = self._kv_keys(self.instance, state, expert)
+        kv = [self.instance.kv_cache.get(k, packed=True) for k in keys]  # RepeatedTails
         state.values["kv_cache_hits"] += sum(x is not None for x in kv)
         if any(x is None for x in kv):
             return False
-        state.tensors[f"kv.{expert}"] = torch.stack(kv)
+        if fold:
+            self._keep_folded(state, expert, kv)
+        else:
+            state.tensors[f"kv.{expert}"] = torch.stack([x.expand() for x in kv])
         return True
+
+    @staticmethod
+    def _keep_folded(state: LoopState, expert: str, rows: list[RepeatedTail]) -> None:
+        """The expert's text keys/values, each prompt row folded (``fold_tail`` along positions), as
+        ``kv.{expert}`` [rows, blocks, 2, H, dim] (H: the longest fold; a shorter row repeats its last
+        position up to it) and ``kv_rows.{expert}`` (positions each row holds)."""
+        held = max(r.head.shape[-2] for r in rows)
+        state.tensors[f"kv.{expert}"] = torch.stack([RepeatedTail(r.head, held, -2).expand() for r in rows])
+        state.tensors[f"kv_rows.{expert}"] = torch.tensor([r.head.shape[-2] for r in rows])
 
     def _text_kv_plan(self, state: LoopState, inst, precision: str) -> WorkPlan:
         expert, t = state.values["kv_for"], state.tensors
         text = torch.cat([t[k] for k in ("text", "neg_text") if k in t]).to(inst.dtype)
-        inputs = {"text": text}
-        signature: tuple = tuple(text.shape[1:])
+        fold = state.values.get("kv_fold", False)
+        inputs: dict[str, Any] = {"text": text, "fold": fold}
+        signature: tuple = (*text.shape[1:], fold)
         if "image_features" in t:  # the image rows follow the text rows: one per prompt row
             inputs["image"] = t["image_features"].to(inst.dtype).expand(text.shape[0], -1, -1)
             signature += tuple(inputs["image"].shape[1:])
@@ -388,6 +421,7 @@ class WanLoop:
         i, v, dtype = state.step, state.values, inst.dtype
         expert = self._expert(state, i)
         kv, img_kv = state.tensors[f"kv.{expert}"], state.tensors.get(f"img_kv.{expert}")
+        kv_rows = state.tensors.get(f"kv_rows.{expert}")
         t = state.tensors["timesteps"][i : i + 1].to(state.tensors["latents"].device)
         latents, timestep = self._model_input(state, t)
         latents = latents.to(dtype)
@@ -407,13 +441,22 @@ class WanLoop:
                 inputs["img_kv"] = img_kv[:1]
             if mode == "two_forward":
                 inputs["neg_kv"] = kv[1:]
+        kv_sig: tuple = tuple(kv.shape[1:])
+        ragged = {}
+        if kv_rows is not None:  # folded: batches with other folds of any length, zero-padded to the longest
+            length = state.tensors["input_ids"].shape[1]
+            ragged = {name: 3 for name in ("kv", "neg_kv") if name in inputs}
+            rows = {"kv": kv_rows if mode == "batched" else kv_rows[:1], "neg_kv": kv_rows[1:]}
+            inputs.update({name + "_rows": rows[name] for name in ragged})
+            inputs["kv_length"] = length
+            kv_sig = (*kv.shape[1:3], kv.shape[4], length)
         inputs[BLOCKS_INPUT] = None  # block-structured body: the runner may attach a block hook here
         suffix = "" if expert == HIGH_NOISE else f"@{expert}"
         if suffix:
             inputs["branch_suffix"] = suffix  # equal across a batch: the batch key names the expert
         shape_sig = (
             tuple(latents.shape[1:]),
-            tuple(kv.shape[1:]),
+            kv_sig,
             None if img_kv is None else tuple(img_kv.shape[1:]),
             tuple(timestep.shape[1:]),
             str(timestep.dtype),
@@ -433,6 +476,7 @@ class WanLoop:
             ),
             batch_size=inputs["latents"].shape[0],
             cost_s=self._cost(inst, state, latents),
+            ragged=ragged,
             label=f"denoise {i + 1}/{v['steps']}" + (f" ({expert})" if suffix else ""),
         )
 

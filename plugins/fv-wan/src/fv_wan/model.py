@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from fv_core import CacheContract, ConfigError, FeatureCache, ModelCard, WeightsError
-from fv_core.cache import RepeatedTail, fold_tail
+from fv_core.cache import RepeatedTail
 from fv_core.weights import weights_fingerprint
 from fv_wan.attention import describe, grid_of, install
 from fv_wan.checkpoint import check_layout, load_component, load_scheduler_config
@@ -57,10 +57,8 @@ class WanModel:
         self.scheduler_config = load_scheduler_config(self.weights)
         caches = card.caches
         self.feature_cache = _cache(caches["text_embeddings"])  # prompt -> UMT5 embeddings
-        # prompt -> per-block text keys/values, stored without the repeats of their padding rows
-        self.kv_cache = _cache(
-            caches["text_kv"], pack=lambda kv: fold_tail(kv, -2), unpack=RepeatedTail.expand
-        )
+        # prompt -> per-block text keys/values, put folded (RepeatedTail: without their padding repeats)
+        self.kv_cache = _cache(caches["text_kv"], unpack=RepeatedTail.expand)
         self.weights_versions = {
             name: weights_fingerprint(self.weights, spec.subfolder or name)
             for name, spec in card.components.items()

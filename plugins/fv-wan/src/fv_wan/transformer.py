@@ -7,16 +7,23 @@ not depend on the timestep, so it is computed once per prompt by :func:`text_kv`
 and reused by every denoise step; so is the image side of Wan2.1 I2V's
 cross-attention (:func:`image_kv`). A timestep is one per sample ``[B]`` or, for
 Wan2.2 TI2V, one per latent token ``[B, tokens]``.
+
+Text keys/values may come folded (``kv_rows``): padded prompts end in a run of
+bit-identical positions, so ``kv`` holds each row's first ``kv_rows[b]``
+positions (the last one the repeated one; zeros may pad the rest) and each
+block's full ``kv_length`` positions are rebuilt only while that block runs,
+bit for bit: a request holds its prompt's keys/values, not 512 padded ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
+from fv_core.cache import RepeatedTail, tail_start
 from fv_core.extend import BlockHook, BlockHooks, drive_blocks
 from fv_core.parallel import gather, shard
 from fv_wan.attention import token_grid
@@ -30,11 +37,27 @@ def text_kv(model, text: torch.Tensor) -> torch.Tensor:
 
     Returns [B, blocks, 2, L, dim]: per block the normalised key and the value.
     """
+    return torch.stack(list(_block_kv(model, text)), 1)
+
+
+def folded_text_kv(model, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`text_kv` folded, one block at a time (the full keys/values never exist at once): returns
+    ``kv`` [B, blocks, 2, H, dim] and ``kv_rows`` [B], the positions each row holds; a row's later
+    positions, up to H and on to L, repeat its last held one (see :func:`prepare`)."""
+    heads, rows = [], torch.zeros(text.shape[0], dtype=torch.int64)
+    for kv in _block_kv(model, text):
+        ends = torch.tensor([tail_start(row, 1) + 1 for row in kv])
+        rows = rows.maximum(ends)
+        heads.append(kv[:, :, : int(ends.max())].clone())
+    held = int(rows.max())
+    return torch.stack([RepeatedTail(h, held, 2).expand() for h in heads], 1), rows
+
+
+def _block_kv(model, text: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Each block's normalised cross-attention key and value [B, 2, L, dim] for text embeddings."""
     context = model.condition_embedder.text_embedder(text)
-    per_block = [
-        torch.stack([b.attn2.norm_k(b.attn2.to_k(context)), b.attn2.to_v(context)], 1) for b in model.blocks
-    ]
-    return torch.stack(per_block, 1)
+    for b in model.blocks:
+        yield torch.stack([b.attn2.norm_k(b.attn2.to_k(context)), b.attn2.to_v(context)], 1)
 
 
 def image_kv(model, image: torch.Tensor) -> torch.Tensor:
@@ -61,6 +84,24 @@ class Prepared:
     rotary: tuple[torch.Tensor, torch.Tensor]  # rope (cos, sin)
     grid: tuple[int, int, int]  # latent grid after patching (frames, height, width)
     image_kv: torch.Tensor | None = None  # [B, blocks, 2, N, dim] image cross-attention (image_kv), I2V
+    kv_length: int = 0  # folded ``kv``: the full text length (0: ``kv`` is full)
+
+    def block_kv(self, index: int) -> torch.Tensor:
+        """Block ``index``'s text keys/values [B, 2, L, dim], unfolded when ``kv`` is folded."""
+        kv = self.kv[:, index]
+        held = kv.shape[2]
+        if self.kv_length <= held:
+            return kv
+        return torch.cat([kv, kv[:, :, held - 1 :].expand(-1, -1, self.kv_length - held, -1)], 2)
+
+
+def fill_folded(kv: torch.Tensor, kv_rows: torch.Tensor) -> torch.Tensor:
+    """Folded ``kv`` [B, blocks, 2, H, dim] with each row's positions from ``kv_rows[b]`` on (padding of
+    a batch of folds) set to its last held one, so every row repeats position H - 1 from there."""
+    if int(kv_rows.min()) == kv.shape[3]:
+        return kv
+    pos = torch.arange(kv.shape[3], device=kv.device).minimum(kv_rows.to(kv.device)[:, None] - 1)
+    return kv.gather(3, pos[:, None, None, :, None].expand_as(kv))
 
 
 def prepare(
@@ -69,8 +110,11 @@ def prepare(
     timestep: torch.Tensor,
     kv: torch.Tensor,
     img_kv: torch.Tensor | None = None,
+    kv_rows: torch.Tensor | None = None,
+    kv_length: int = 0,
 ) -> Prepared:
-    """Patch embedding, rope and timestep embedding (``timestep`` [B] or per token [B, tokens])."""
+    """Patch embedding, rope and timestep embedding (``timestep`` [B] or per token [B, tokens]); ``kv``
+    folded when ``kv_rows`` (positions each row holds) is given, ``kv_length`` its full length."""
     p_t, p_h, p_w = model.config.patch_size
     _, _, frames, height, width = latents.shape
     rotary = model.rope(latents)
@@ -84,7 +128,11 @@ def prepare(
     temb = emb.time_embedder(t if t.dtype == t_dtype or t_dtype == torch.int8 else t.to(t_dtype)).type_as(kv)
     modulation = emb.time_proj(emb.act_fn(temb)).unflatten(temb.ndim - 1, (6, -1))
     grid = (frames // p_t, height // p_h, width // p_w)
-    return Prepared(hidden, kv, modulation, temb, rotary, grid, img_kv)
+    if kv_rows is not None:
+        kv = fill_folded(kv, kv_rows)
+    return Prepared(
+        hidden, kv, modulation, temb, rotary, grid, img_kv, kv_length if kv_rows is not None else 0
+    )
 
 
 def _modulation(table: torch.Tensor, modulation: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -124,7 +172,7 @@ def block_forward(block, hidden: torch.Tensor, prep: Prepared, index: int) -> to
     hidden = (hidden.float() + attn * gate).type_as(hidden)
     norm = block.norm2(hidden.float()).type_as(hidden)
     img_kv = None if prep.image_kv is None else prep.image_kv[:, index]
-    hidden = hidden + cross_attention(block.attn2, norm, prep.kv[:, index], img_kv)
+    hidden = hidden + cross_attention(block.attn2, norm, prep.block_kv(index), img_kv)
     norm = (block.norm3(hidden.float()) * (1 + c_scale) + c_shift).type_as(hidden)
     return (hidden.float() + block.ffn(norm).float() * c_gate).type_as(hidden)
 
@@ -164,23 +212,19 @@ def pick_rows(prep: Prepared, rows: torch.Tensor) -> Prepared:
         return t.index_select(0, rows.to(t.device)) if t.shape[0] == batch else t
 
     img_kv = None if prep.image_kv is None else pick(prep.image_kv)
-    return Prepared(
-        prep.hidden, pick(prep.kv), pick(prep.modulation), prep.temb, prep.rotary, prep.grid, img_kv
-    )
+    return replace(prep, kv=pick(prep.kv), modulation=pick(prep.modulation), image_kv=img_kv)
 
 
 def shard_tokens(prep: Prepared) -> Prepared:
     """This rank's tokens of everything per token (patches, rope on their global positions, per-token
     timestep modulation) under sequence parallelism; ``prep`` itself otherwise."""
     per_token = prep.modulation.ndim == 4
-    return Prepared(
-        shard(prep.hidden, 1),
-        prep.kv,
-        shard(prep.modulation, 1) if per_token else prep.modulation,
-        shard(prep.temb, 1) if per_token else prep.temb,
-        (shard(prep.rotary[0], 1), shard(prep.rotary[1], 1)),
-        prep.grid,
-        prep.image_kv,
+    return replace(
+        prep,
+        hidden=shard(prep.hidden, 1),
+        modulation=shard(prep.modulation, 1) if per_token else prep.modulation,
+        temb=shard(prep.temb, 1) if per_token else prep.temb,
+        rotary=(shard(prep.rotary[0], 1), shard(prep.rotary[1], 1)),
     )
 
 
@@ -209,10 +253,13 @@ def wan_forward_kv(
     hook: BlockHook | BlockHooks | None = None,
     branch: str = "main",
     img_kv: torch.Tensor | None = None,
+    kv_rows: torch.Tensor | None = None,
+    kv_length: int = 0,
 ) -> torch.Tensor:
     """Flow velocity for ``latents`` [B, C, F, H, W] at ``timestep`` [B] (or [B, tokens]) given ``text_kv``
-    output (and ``image_kv`` output for I2V models)."""
-    prep = shard_tokens(prepare(model, latents, timestep, kv, img_kv))
+    output, full or folded (``kv_rows``, ``kv_length``: see :func:`prepare`), and ``image_kv`` output
+    for I2V models."""
+    prep = shard_tokens(prepare(model, latents, timestep, kv, img_kv, kv_rows, kv_length))
     return finish(model, prep, run_blocks(model, prep, around_block, hook, branch))
 
 

@@ -1,0 +1,74 @@
+"""Folded text keys/values: a request holds its prompt's positions, not the 512 padded ones, and the
+denoise body unfolds them one block at a time, bit for bit (also zero-padded in a batch of folds)."""
+
+from __future__ import annotations
+
+import torch
+from wan_support import request, tiny_instance
+
+from fv_core import Profile
+from fv_core.cache import RepeatedTail
+from fv_core.extend import BLOCKS_INPUT
+from fv_core.loop.runner import run_plan
+from fv_core.runtime import Engine
+from fv_core.runtime.batching import padded
+from fv_wan.loop import WanLoop, denoise_body
+from fv_wan.transformer import folded_text_kv, text_kv
+
+
+def _embeds(model, *prompts: str) -> torch.Tensor:
+    """The prompts' text embeddings, through a request each without CFG (its feature cache entries)."""
+    with torch.no_grad():
+        for i, prompt in enumerate(prompts):
+            Engine().run_one(
+                WanLoop(model),
+                request(model, f"e{i}", prompt=prompt, num_inference_steps=1, guidance_scale=1.0),
+                model,
+            )
+    return torch.stack([model.feature_cache.get(k) for k in model.feature_cache.keys()])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32)
+
+
+def test_folded_text_kv_unfolds_to_text_kv_bit_for_bit(tiny_path):
+    model = tiny_instance(tiny_path)
+    text = _embeds(model, "a cat", "a red car driving in the city at night")
+    transformer = model.component("transformer")
+    with torch.no_grad():
+        full = text_kv(transformer, text)
+        kv, rows = folded_text_kv(transformer, text)
+    assert kv.shape[-2] < full.shape[-2] / 20 and int(rows.min()) < int(rows.max()) == kv.shape[-2]
+    for row in range(text.shape[0]):
+        head = kv[row].narrow(-2, 0, int(rows[row]))
+        assert torch.equal(_bits(RepeatedTail(head, full.shape[-2], -2).expand()), _bits(full[row]))
+
+
+def test_denoise_body_on_a_batch_of_folds_matches_full_keys_values(tiny_path):
+    model = tiny_instance(tiny_path)
+    text = _embeds(model, "a cat", "a red car driving in the city at night")
+    transformer = model.component("transformer")
+    latents = torch.randn(2, 16, 2, 4, 6, generator=torch.Generator().manual_seed(0))
+    step = {"latents": latents, "timestep": torch.tensor([700.0, 700.0]), BLOCKS_INPUT: None}
+    with torch.no_grad():
+        full = denoise_body(transformer, {**step, "kv": text_kv(transformer, text)})["velocity"]
+        folds = [folded_text_kv(transformer, text[i : i + 1]) for i in range(2)]
+        kv = torch.cat(padded([f[0] for f in folds], 3))  # what the runtime's ragged concatenation makes
+        rows = torch.cat([f[1] for f in folds])
+        inputs = {**step, "kv": kv, "kv_rows": rows, "kv_length": text.shape[1]}
+        folded = denoise_body(transformer, inputs)["velocity"]
+    assert folds[0][0].shape[-2] != folds[1][0].shape[-2]
+    assert torch.equal(_bits(folded), _bits(full))
+
+
+def test_a_request_holds_its_prompt_positions_only(tiny_path):
+    model = tiny_instance(tiny_path)
+    loop = WanLoop(model)
+    for attempt in ("computed", "cached"):
+        state = loop.init(request(model, attempt), model)
+        while state.values["phase"] != "denoise":
+            loop.advance(state, run_plan(loop.next(state), Profile.SERVE))
+        kv = state.tensors["kv.transformer"]
+        assert kv.shape[-2] == int(state.tensors["kv_rows.transformer"].max()) < 512 / 20, attempt
+    assert state.values["kv_cache_hits"] == 2
