@@ -14,8 +14,8 @@ from tests.serving.support import TINY, ServerThread, tiny_deploy, wait_idle
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the client marks Sora APIs deprecated
 
 JOBS = 30
-STEPS = 100  # the first jobs are mid-run while the deletes arrive, the last still queued (even under load:
-# at 30, a job ran all its steps between two polls on a loaded 2-core machine; 100: the deploy limit)
+STEPS = 200  # the first jobs are mid-run while the deletes arrive, the last still queued (even under load:
+# at 30 and at 100 steps a job ran all its steps between two polls on a loaded 2-core machine; 200: the card's most)
 
 
 def ask(i: int) -> dict:
@@ -35,7 +35,7 @@ def jobs_total(server: ServerThread, status: str) -> float:
 
 
 def test_a_cancel_storm_leaves_the_kept_jobs_bitwise_untouched(host, tmp_path):
-    deploy = tiny_deploy(tmp_path)  # determinism: bitwise, default limits (8 running, 64 queued)
+    deploy = tiny_deploy(tmp_path, max_steps=STEPS)  # determinism: bitwise; 8 running, 64 queued
     with ServerThread(deploy, host) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=60)
         assert client.models.list().data[0].model_extra["determinism"] == "bitwise"

@@ -54,9 +54,10 @@ def test_shutdown_lets_jobs_finish_within_the_grace_period_then_fails_the_rest_w
 
 
 def test_queued_jobs_stay_queued_through_a_restart_and_run_with_the_same_request(host, tmp_path):
-    deploy = tiny_deploy(tmp_path, max_running=1)
+    deploy = tiny_deploy(tmp_path, max_running=1, max_steps=200)
     deploy.shutdown_grace_s = 0
-    long = {"size": "32x32", "extra_body": {"num_frames": 5, "num_inference_steps": 100}}
+    # long enough that the stop always finds it running (a loaded machine ran 100 32x32 steps before the stop)
+    long = {"size": "64x64", "extra_body": {"num_frames": 9, "num_inference_steps": 200}}
     with ServerThread(deploy, host) as srv:
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="-", max_retries=0)
         cut = client.videos.create(prompt="cut short", **long)

@@ -61,8 +61,9 @@ class LTX2Model:
         self._lock = threading.Lock()
 
     def component(self, name: str) -> Any:
-        """The live component ``name``, loaded on first use."""
-        with self._lock:
+        """The live component ``name``, loaded on first use (normal tensors even under inference mode, so
+        training and train-profile replays can use the same instance)."""
+        with self._lock, torch.inference_mode(False):
             if name not in self._components:
                 module = load_component(self.weights, name, self.card.components[name], self.dtype)
                 self._components[name] = (

@@ -98,11 +98,14 @@ class WanModel:
             return self._components[name]
 
     def _load(self, name: str) -> Any:
-        """Component ``name`` from the checkpoint folder, on the device, running the card's kernels."""
+        """Component ``name`` from the checkpoint folder, on the device, running the card's kernels. Its
+        tensors are normal ones even when first used under ``torch.inference_mode`` (serving), so
+        training and train-profile replays can use the same instance."""
         spec = self.card.components[name]
-        module = load_component(self.weights, spec.subfolder or name, self.dtype)
-        if isinstance(module, torch.nn.Module):
-            module = module.to(self.device)
+        with torch.inference_mode(False):
+            module = load_component(self.weights, spec.subfolder or name, self.dtype)
+            if isinstance(module, torch.nn.Module):
+                module = module.to(self.device)
         if name in self.variant.experts and self.kernels is not None:
             install(module, self.kernels["attention"][0], self.card.model_id)
         return module
