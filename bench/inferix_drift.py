@@ -43,6 +43,8 @@ CARD = "wan2.1-t2v-shapes-causal"
 SMOKE_CARD = "wan2.1-t2v-tiny-causal"
 CENTRE = 32.0  # the shapes videos are 64 x 64
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
+DRIFT = ("colour_changed", "shape_changed", "colour_distance", "fill_change")  # vs block 0: lower is better
+READS = ("in_view", "colour_ok", "shape_ok", "motion_ok", *DRIFT)  # what each block's detector read gives
 
 
 def policies(blocks: int, budget: int) -> dict[str, tuple[dict[str, int], dict[str, Any] | None]]:
@@ -190,19 +192,7 @@ def per_block(reads: list[list[dict]], clocks: list[BlockClock], blocks: int) ->
         out.append(
             {
                 "block": b,
-                **{
-                    key: mean([r[key] for r in rows])
-                    for key in (
-                        "in_view",
-                        "colour_ok",
-                        "shape_ok",
-                        "motion_ok",
-                        "colour_changed",
-                        "shape_changed",
-                        "colour_distance",
-                        "fill_change",
-                    )
-                },  # fmt: skip
+                **{key: mean([r[key] for r in rows]) for key in READS},
                 "seconds_median": round(statistics.median(seconds), 5) if seconds else None,
                 "seconds_min": round(min(seconds), 5) if seconds else None,
                 "cache_bytes": max((c.bytes.get(b, 0) for c in clocks), default=0),
@@ -215,17 +205,7 @@ def summary(blocks: list[dict[str, Any]], trained: int = 3) -> dict[str, Any]:
     """Means over the blocks past the trained span (3 latent frames), and the cost's growth: the median
     seconds of the last quarter of blocks over those of the first quarter past the trained span."""
     late = blocks[trained:]
-    out = {
-        key: mean([b[key] for b in late])
-        for key in (
-            "colour_changed",
-            "shape_changed",
-            "colour_distance",
-            "fill_change",
-            "motion_ok",
-            "in_view",
-        )
-    }
+    out = {key: mean([b[key] for b in late]) for key in (*DRIFT, "motion_ok", "in_view")}
     out.update({f"{k}_accuracy": mean([b[k] for b in late]) for k in ("colour_ok", "shape_ok")})
     quarter = max(len(late) // 4, 1)
     head = statistics.median([b["seconds_median"] for b in late[:quarter]])
@@ -233,9 +213,6 @@ def summary(blocks: list[dict[str, Any]], trained: int = 3) -> dict[str, Any]:
     out["seconds_per_block_last_vs_first_quarter"] = round(tail / head, 3)
     out["peak_cache_bytes"] = max(b["cache_bytes"] for b in blocks)
     return out
-
-
-DRIFT = ("colour_changed", "shape_changed", "colour_distance", "fill_change")
 
 
 def rollout_means(rows: list[dict[str, Any]], trained: int = 3) -> dict[str, float | None]:

@@ -131,7 +131,7 @@ def interceptor_name(icp: Any) -> str:
 
 def check_interceptors(interceptors: Sequence[Any]) -> None:
     """At most one step-skipping, one block-skipping and one KV policy interceptor per loop."""
-    for kind in (STEP_SKIP, BLOCK_SKIP, KV_POLICY):
+    for kind in KIND_NEEDS:
         names = [interceptor_name(i) for i in interceptors if getattr(i, "kind", None) == kind]
         if len(names) > 1:
             raise ConfigError(
@@ -145,7 +145,7 @@ def negotiate(card: Any, interceptors: Sequence[Any]) -> None:
     accepted = set(card.capabilities.interceptors)
     for icp in interceptors:
         kind = getattr(icp, "kind", None)
-        if kind in (STEP_SKIP, BLOCK_SKIP, KV_POLICY) and kind not in accepted:
+        if kind in KIND_NEEDS and kind not in accepted:
             raise ConfigError(
                 f"card {card.model_id!r} rejects interceptor {interceptor_name(icp)!r} (a {kind} interceptor: "
                 f"{KIND_NEEDS[kind]}; recipe {card.recipe.method!r}): it accepts {sorted(accepted) or 'none'}. "
