@@ -47,13 +47,13 @@ def test_folded_text_kv_unfolds_to_text_kv_bit_for_bit(tiny_path):
 
 def test_denoise_body_on_a_batch_of_folds_matches_full_keys_values(tiny_path):
     model = tiny_instance(tiny_path)
-    text = _embeds(model, "a cat", "a red car driving in the city at night")
+    text = _embeds(model, "a cat", "a red car driving in the city at night", "a dog")
     transformer = model.component("transformer")
-    latents = torch.randn(2, 16, 2, 4, 6, generator=torch.Generator().manual_seed(0))
-    step = {"latents": latents, "timestep": torch.tensor([700.0, 700.0]), BLOCKS_INPUT: None}
+    latents = torch.randn(3, 16, 2, 4, 6, generator=torch.Generator().manual_seed(0))
+    step = {"latents": latents, "timestep": torch.full((3,), 700.0), BLOCKS_INPUT: None}
     with torch.no_grad():
         full = denoise_body(transformer, {**step, "kv": text_kv(transformer, text)})["velocity"]
-        folds = [folded_text_kv(transformer, text[i : i + 1]) for i in range(2)]
+        folds = [folded_text_kv(transformer, text[i : i + 1]) for i in range(3)]
         kv = torch.cat(padded([f[0] for f in folds], 3))  # what the runtime's ragged concatenation makes
         rows = torch.cat([f[1] for f in folds])
         inputs = {**step, "kv": kv, "kv_rows": rows, "kv_length": text.shape[1]}
