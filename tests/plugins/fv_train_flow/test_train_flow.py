@@ -8,6 +8,7 @@ import torch
 from train_flow_support import flow_config
 
 from fv_core import ConfigError, Profile, WorkUnitKind, load
+from fv_core.cache import RepeatedTail
 from fv_core.loop import run_plan
 from fv_core.training import Role, load_config, train, validate
 from fv_train_flow.method import FlowMethod
@@ -69,7 +70,12 @@ def test_train_forward_equals_serve_forward_bit_for_bit(trained):
         from fv_wan.loop import text_kv_body
 
         kv = text_kv_body(ema["transformer"], {"text": text})["kv"]
-    assert torch.equal(kv, plan.inputs["kv"])
+    # the serve plan holds the prompt's keys/values folded: each row's positions up to its padding
+    rows = plan.inputs["kv_rows"]
+    served_kv = [
+        RepeatedTail(plan.inputs["kv"][r].narrow(-2, 0, int(n)), kv.shape[-2], -2) for r, n in enumerate(rows)
+    ]
+    assert torch.equal(kv, torch.stack([f.expand() for f in served_kv]))
 
 
 def test_config_errors_name_the_field_and_the_fix(tmp_path):
