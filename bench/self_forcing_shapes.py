@@ -147,8 +147,8 @@ def main() -> None:
     out = Path(args.out)
     long = long_rollout(student, out.with_suffix(".png"))
     print(json.dumps(long))
-    # the teacher was trained on 9 frames too: how its own 17-frame videos fare (latent frames 3 and 4 sit
-    # at RoPE positions neither model saw in training)
+    # the teacher was trained on 9 frames too: how its own 17-frame videos fare (the shapes VAE itself loses
+    # colour past frame 9 on ground-truth clips: bench/results/inferix_drift.json, vae_round_trip_17_frames)
     teacher_long = long_rollout(teacher, None) if not args.skip_teacher else None
     recipe_path = Path(student.weights) / "fv_recipe.json"
     result = {
