@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from fv_core.extend import BaseObserver
+
 REPO = Path(__file__).resolve().parents[1]
 CARD = "wan2.1-t2v-shapes-causal"
 SMOKE_CARD = "wan2.1-t2v-tiny-causal"
@@ -58,14 +60,11 @@ def policies(blocks: int, budget: int) -> dict[str, tuple[dict[str, int], dict[s
     }
 
 
-class BlockClock:
+class BlockClock(BaseObserver):
     """Seconds of the transformer passes and the pool's bytes in use, per absolute block."""
 
     def __init__(self, pool) -> None:
         self.pool, self.seconds, self.bytes = pool, {}, {}
-
-    def on_start(self, state, request) -> None:
-        return None
 
     def on_step(self, state, plan, result) -> None:
         v = state.values
@@ -75,9 +74,6 @@ class BlockClock:
         if "decode" not in plan.label:
             self.seconds[block] = self.seconds.get(block, 0.0) + result.seconds
         self.bytes[block] = max(self.bytes.get(block, 0), self.pool.used_pages * self.pool.page_bytes)
-
-    def on_finish(self, state, result) -> None:
-        return None
 
 
 def object_colour(frames: torch.Tensor) -> torch.Tensor | None:
@@ -273,7 +269,8 @@ def cost_sweep(blocks: int, budget: int, repeats: int, smoke: bool) -> dict[str,
                     prompt="a red circle moving left", num_frames=4 * (blocks - 1) + 1, seed=r, **params
                 )
                 run(model, engine, ask)
-                clocks.append(clock) if r else None
+                if r:
+                    clocks.append(clock)
             seconds = [[c.seconds[b] for c in clocks] for b in range(blocks)]
             fastest = [min(s) for s in seconds]  # the machine is shared: the min of repeats is the cost
             out[name] = {
