@@ -99,6 +99,16 @@ def fv_register_rewards(register: Register) -> None:
 
 
 @hookspec
+def fv_register_datasets(register: Register) -> None:
+    """Contribute datasets of real videos for training methods (``fv_core.training.Dataset``).
+
+    :param register: call ``register(name, factory)`` where ``factory`` (a callable or lazy
+        ``"module:attr"`` string) returns a dataset: ``dataset.batch(seed, index, size)`` gives videos
+        [B, 3, F, H, W] in -1..1 and their captions.
+    """
+
+
+@hookspec
 def fv_register_options(register: Register) -> None:
     """Contribute the pydantic schema of this plugin's options.
 

@@ -168,6 +168,7 @@ REGISTRY_NAMES = (
     "methods",
     "trainers",
     "rewards",
+    "datasets",
     "options",
     "pipelines",
     "commands",
@@ -186,6 +187,7 @@ class Registries:
     methods: Registry = field(default_factory=lambda: Registry("methods"))
     trainers: Registry = field(default_factory=lambda: Registry("trainers"))
     rewards: Registry = field(default_factory=lambda: Registry("rewards"))
+    datasets: Registry = field(default_factory=lambda: Registry("datasets"))
     options: Registry = field(default_factory=lambda: Registry("options"))
     pipelines: Registry = field(default_factory=lambda: Registry("pipelines"))
     commands: Registry = field(default_factory=lambda: Registry("commands"))

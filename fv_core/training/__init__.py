@@ -1,4 +1,4 @@
-"""The training plane: the trainer, its config, method specs, family adapters, rewards.
+"""The training plane: the trainer, its config, method specs, family adapters, rewards, datasets.
 
 Training methods (plugins registered through ``fv_register_methods``) run the same ``WorkPlan``
 bodies the serve loops run (through a family's ``TrainAdapter``) under ``Profile.TRAIN``: one
@@ -24,6 +24,7 @@ from fv_core.training.config import (
     validate,
     validate_options,
 )
+from fv_core.training.datasets import Dataset, load_dataset
 from fv_core.training.method import Consistency, MethodSpec, Role, RoleSpec, TrainMethod
 from fv_core.training.records import load_records, records_equal, save_records
 from fv_core.training.reward import Reward, load_reward
@@ -56,6 +57,7 @@ __all__ = [
     "BehaviorRecord",
     "Consistency",
     "DataConfig",
+    "Dataset",
     "MethodSpec",
     "OptimConfig",
     "ReplayableLoop",
@@ -74,6 +76,7 @@ __all__ = [
     "call_of",
     "check_c2",
     "load_config",
+    "load_dataset",
     "load_optimizer",
     "load_records",
     "load_reward",

@@ -10,6 +10,11 @@ the scores, both losses, the two-timescale update step, the evaluation gap and t
 at a noisy copy of the sample by the difference of the fake and real x0 predictions, normalised per
 sample by ``mean|x0 - real|`` (DMD's weighting), applied as ``0.5 * ||x0 - sg(x0 - grad)||^2``.
 ``flow_loss``: flow matching (velocity target ``noise - x0``), the critic's.
+
+DMD2's GAN term (Yin et al. 2024, "Improved Distribution Matching Distillation"), on when its weights
+are: a head (:class:`GANHead`) on the critic's last hidden states of noised samples learns, with the
+critic, to tell real clips (a registered dataset) from the student's samples (non-saturating logistic
+loss); the student learns to fool it. Real data reaches only this term; the rest stays data-free.
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
+from safetensors.torch import load_file, save_file
 
 import fv_core
+from fv_core import ConfigError
 from fv_core.training.config import StrictModel, TrainConfig, read_prompts, validate_options
+from fv_core.training.datasets import load_dataset
 from fv_core.training.method import Role
 from fv_core.training.trainer import load_optimizer, make_optimizer, save_optimizer, set_lr
+
+GAN_HEAD_FILE = "critic_gan_head.safetensors"
 
 
 class DMDOptions(StrictModel):
@@ -33,6 +43,7 @@ class DMDOptions(StrictModel):
 
     teacher: str = "wan2.1-t2v-shapes"  # card id of the frozen teacher (the real score)
     teacher_weights: Path | None = None  # its checkpoint folder (default: the card's own weights)
+    student_weights: Path | None = None  # a checkpoint to start the student from (default: the teacher's)
     prompts: Path  # text file, one prompt per line (data-free: only prompts are needed)
     # The student's fixed timesteps (of num_train_timesteps), first to last: what its card pins.
     timesteps: list[int] = Field(default_factory=lambda: [1000, 750], min_length=1)
@@ -46,6 +57,11 @@ class DMDOptions(StrictModel):
     shift: float = Field(3.0, gt=0)
     eval_prompts: int = Field(8, gt=0)  # prompts (fixed noise) of the cheap evaluation
     eval_sigmas: list[float] = Field(default_factory=lambda: [0.3, 0.6, 0.9], min_length=1)
+    # DMD2's GAN term (off at weights 0): real clips from the dataset ``gan_data`` (registered by a plugin,
+    # e.g. fv-train-flow's ``shapes``), the weights of the student's and the critic's GAN losses.
+    gan_data: str | None = None
+    gan_generator_weight: float = Field(0.0, ge=0)
+    gan_critic_weight: float = Field(0.0, ge=0)
 
     @field_validator("timesteps")
     @classmethod
@@ -66,7 +82,19 @@ class DMDOptions(StrictModel):
                 f"min_sigma={self.min_sigma} must be below max_sigma={self.max_sigma}. Fix: e.g. "
                 "min_sigma: 0.02, max_sigma: 0.98"
             )
+        weighted = self.gan_generator_weight > 0 or self.gan_critic_weight > 0
+        if weighted != (self.gan_data is not None):
+            raise ValueError(
+                f"gan_data={self.gan_data!r} with gan_generator_weight={self.gan_generator_weight} and "
+                f"gan_critic_weight={self.gan_critic_weight}: the GAN term needs both real clips and a "
+                "weight. Fix: set gan_data to a registered dataset (e.g. shapes) and a weight above 0, or "
+                "neither"
+            )
         return self
+
+    @property
+    def gan(self) -> bool:
+        return self.gan_data is not None
 
 
 def draw_sigmas(n: int, lo: float, hi: float, shift: float, gen: torch.Generator) -> torch.Tensor:
@@ -96,6 +124,20 @@ def flow_loss(velocity: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor) -> 
     return F.mse_loss(velocity, noise - x0)
 
 
+class GANHead(torch.nn.Module):
+    """A discriminator on a critic's per-token hidden states [B, tokens, dim]: a logit per token,
+    averaged per sample [B] (each patch is judged, as in a patch GAN)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.LayerNorm(dim), torch.nn.Linear(dim, dim), torch.nn.SiLU(), torch.nn.Linear(dim, 1)
+        )
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features.float()).mean((1, 2))
+
+
 class DistributionMatching:
     """The DMD machinery of a method; a subclass sets ``adapter`` and calls :meth:`setup_roles`, and
     implements ``sample(embeds, gen, grad)`` (the student's samples, x0 [B, ...])."""
@@ -113,14 +155,16 @@ class DistributionMatching:
         self.teacher_defaults = model.prepare({"prompt": "-"}).params
         return model
 
-    def setup_roles(self, student: torch.nn.Module | None = None, ema: bool = False) -> None:
-        """Teacher (frozen), student (the teacher's copy, or ``student``'s weights), an EMA of it when
-        ``ema``, critic (the teacher's copy); both optimisers; every prompt's embeddings once."""
+    def setup_roles(self, ema: bool = False) -> None:
+        """Teacher (frozen), student (the teacher's copy, with ``student_weights``' transformer when
+        given), an EMA of it when ``ema``, critic (the teacher's copy) and its GAN head when the GAN term
+        is on; both optimisers; every prompt's embeddings once."""
         teacher = self.adapter.module("transformer").requires_grad_(False).eval()
         self.adapter.module("text_encoder").requires_grad_(False).eval()
         start = copy.deepcopy(teacher)
-        if student is not None:
-            start.load_state_dict(student.state_dict())
+        if self.opts.student_weights is not None:
+            weights = fv_core.load(self.opts.teacher, self.opts.student_weights).instance
+            start.load_state_dict(weights.component("transformer").state_dict())
         self.roles: dict[Role, dict[str, torch.nn.Module]] = {
             Role.TEACHER: {"transformer": teacher},
             Role.STUDENT: {"transformer": start.requires_grad_(True)},
@@ -128,13 +172,39 @@ class DistributionMatching:
         if ema:
             self.roles[Role.EMA] = {"transformer": copy.deepcopy(start).requires_grad_(False).eval()}
         self.roles[Role.CRITIC] = {"transformer": copy.deepcopy(teacher).requires_grad_(True)}
-        self.opt_g = make_optimizer(list(self.student.parameters()), self.cfg.optim)
-        self.critic_optim = self.cfg.optim.model_copy(update={"lr": self.opts.critic_lr or self.cfg.optim.lr})
-        self.opt_c = make_optimizer(list(self.critic.parameters()), self.critic_optim)
         with torch.no_grad():  # the frozen text encoder
             self.embeds = self.adapter.conditioning(self.prompts)
             self.uncond = self.adapter.conditioning([""]) if self.opts.real_guidance > 1 else None
+        self.gan_head = self._gan_head() if self.opts.gan else None
+        self.opt_g = make_optimizer(list(self.student.parameters()), self.cfg.optim)
+        self.critic_optim = self.cfg.optim.model_copy(update={"lr": self.opts.critic_lr or self.cfg.optim.lr})
+        self.opt_c = make_optimizer(self.critic_parameters(), self.critic_optim)
         self._last_g: dict[str, float] = {}
+
+    def _gan_head(self) -> GANHead:
+        """The GAN head, sized by the critic's features; the real clips' dataset."""
+        if not hasattr(self.adapter, "features"):
+            raise ConfigError(
+                f"options.gan_data={self.opts.gan_data!r}: the training adapter of {self.opts.teacher!r} "
+                "offers no features(transformer, latents, sigma, embeds) for the GAN head to read. Fix: "
+                "drop the GAN options, or train a family whose adapter has it (fv-wan's does)"
+            )
+        self.dataset = load_dataset(self.opts.gan_data)
+        with torch.no_grad():
+            real = self.adapter.encode_video(self.dataset.batch(self.cfg.data.seed, 0, 1)[0])
+            sample = self.adapter.noise(1, torch.Generator().manual_seed(0))
+            if real.shape != sample.shape:
+                raise ConfigError(
+                    f"options.gan_data={self.opts.gan_data!r} gives clips of latent shape {list(real.shape)}, "
+                    f"the student samples {list(sample.shape)}. Fix: a dataset at the teacher's size"
+                )
+            dim = self.adapter.features(self.critic, real, torch.ones(1), self.embeds[:1]).shape[-1]
+        return GANHead(dim)
+
+    def critic_parameters(self) -> list[torch.nn.Parameter]:
+        """What the critic's optimiser trains: the fake score and the GAN head."""
+        head = list(self.gan_head.parameters()) if self.gan_head is not None else []
+        return list(self.critic.parameters()) + head
 
     @property
     def student(self) -> torch.nn.Module:
@@ -187,6 +257,31 @@ class DistributionMatching:
         )
         return flow_loss(velocity, x0.detach(), noise)
 
+    # ---- the GAN term ----
+
+    def discriminate(self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """The GAN head's logits [B] of ``x0`` noised to a random level (real: positive)."""
+        sigma = self.draw_sigmas(x0.shape[0], gen)
+        noisy = noised(x0, sigma, torch.randn(x0.shape, generator=gen))
+        assert self.gan_head is not None
+        return self.gan_head(self.adapter.features(self.critic, noisy, sigma, embeds, train=True))
+
+    def critic_gan_loss(
+        self, x0: torch.Tensor, embeds: torch.Tensor, step: int, gen: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        """The critic's side: real clips (the dataset's ``step``-th batch) up, the student's ``x0`` down."""
+        video, captions = self.dataset.batch(self.cfg.data.seed, step * x0.shape[0], x0.shape[0])
+        with torch.no_grad():
+            real, real_embeds = self.adapter.encode_video(video), self.adapter.conditioning(captions)
+        logit_real = self.discriminate(real, real_embeds, gen)
+        logit_fake = self.discriminate(x0.detach(), embeds, gen)
+        loss = F.softplus(-logit_real).mean() + F.softplus(logit_fake).mean()
+        return {
+            "loss": loss,
+            "real_logit": logit_real.mean().detach(),
+            "fake_logit": logit_fake.mean().detach(),
+        }
+
     # ---- the step: a critic update, and first a generator update every few steps (TTUR) ----
 
     def step(self, step: int) -> dict[str, float]:
@@ -202,15 +297,22 @@ class DistributionMatching:
                 x0 = self.sample(embeds, gen, False)
         lr_c = set_lr(self.opt_c, self.critic_optim, step, self.cfg.steps)
         loss_c = self.critic_loss(x0, embeds, gen)
+        gan: dict[str, float] = {}
+        total = loss_c
+        if self.gan_head is not None:
+            terms = self.critic_gan_loss(x0, embeds, step, gen)
+            total = loss_c + self.opts.gan_critic_weight * terms["loss"]
+            gan = {f"gan_{k}" if k != "loss" else "loss_gan_critic": v.item() for k, v in terms.items()}
         self.opt_c.zero_grad(set_to_none=True)
-        loss_c.backward()
-        norm_c = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.optim.grad_clip)
+        total.backward()
+        norm_c = torch.nn.utils.clip_grad_norm_(self.critic_parameters(), self.cfg.optim.grad_clip)
         self.opt_c.step()
         return {
             "loss": loss_c.item(),
             "loss_critic": loss_c.item(),
             "grad_norm_c": norm_c.item(),
             "lr_c": lr_c,
+            **gan,
             **self._last_g,
         }
 
@@ -219,11 +321,19 @@ class DistributionMatching:
         total = -(-self.cfg.steps // self.opts.critic_steps_per_generator)
         lr_g = set_lr(self.opt_g, self.cfg.optim, update, total)
         x0 = self.sample(embeds, gen, True)
-        self.critic.requires_grad_(False)
+        frozen = [self.critic, *([self.gan_head] if self.gan_head is not None else [])]
+        for module in frozen:
+            module.requires_grad_(False)
         loss_g, grad_mag = self.generator_loss(x0, embeds, gen)
-        self.critic.requires_grad_(True)
+        extra = self.extra_generator_losses(x0, embeds, gen)
+        if self.gan_head is not None:  # the student's side: its samples judged real
+            extra["gan"] = (
+                self.opts.gan_generator_weight * F.softplus(-self.discriminate(x0, embeds, gen)).mean()
+            )
+        for module in frozen:
+            module.requires_grad_(True)
         self.opt_g.zero_grad(set_to_none=True)
-        loss_g.backward()
+        (loss_g + sum(extra.values())).backward()
         norm_g = torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.cfg.optim.grad_clip)
         self.opt_g.step()
         self.after_generator_step(update)
@@ -232,8 +342,16 @@ class DistributionMatching:
             "dm_grad": grad_mag.item(),
             "grad_norm_g": norm_g.item(),
             "lr_g": lr_g,
+            **{f"loss_{name}": loss.item() for name, loss in extra.items()},
         }
         return x0.detach()
+
+    def extra_generator_losses(
+        self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        """A subclass's weighted losses added to the student's distribution-matching loss (logged as
+        ``loss_<name>``); none by default."""
+        return {}
 
     def after_generator_step(self, update: int) -> None:
         """A subclass's work after each student update (an EMA)."""
@@ -267,6 +385,8 @@ class DistributionMatching:
         for role, module in modules.items():
             saved: Any = module  # a diffusers model: save_pretrained / from_pretrained
             saved.save_pretrained(folder / role / "transformer", safe_serialization=True)
+        if self.gan_head is not None:
+            save_file(self.gan_head.state_dict(), folder / GAN_HEAD_FILE)
         save_optimizer(self.opt_g, folder / "generator_optimizer.safetensors")
         save_optimizer(self.opt_c, folder / "critic_optimizer.safetensors")
 
@@ -276,6 +396,8 @@ class DistributionMatching:
             cls: Any = type(module)  # a diffusers model class
             saved = cls.from_pretrained(folder / role / "transformer", use_safetensors=True)
             module.load_state_dict(saved.state_dict())
+        if self.gan_head is not None:
+            self.gan_head.load_state_dict(load_file(folder / GAN_HEAD_FILE))
         load_optimizer(self.opt_g, folder / "generator_optimizer.safetensors")
         load_optimizer(self.opt_c, folder / "critic_optimizer.safetensors")
 

@@ -100,6 +100,65 @@ def test_bad_options_name_the_value_the_rule_and_the_fix(options, match, prompts
         DMD2Method(validate(config))
 
 
+GAN = {
+    "teacher": "wan2.1-t2v-shapes",
+    "gan_data": "shapes",
+    "gan_generator_weight": 0.5,
+    "gan_critic_weight": 1.0,
+}
+
+
+def test_the_gan_term_trains_its_head_on_real_clips_and_resumes(prompts, tmp_path):
+    """DMD2's GAN term on the shapes teacher (fv-train-flow's ``shapes`` clips are its size): the critic's
+    GAN loss and logits are logged every step, the student's GAN loss on its updates; the head trains;
+    the student's samples get a gradient from it; a resumed run equals the uninterrupted one."""
+    out = tmp_path / "run"
+    method = DMD2Method(validate(dmd2_config(out, prompts, steps=4, **GAN)))
+    assert method.gan_head is not None
+    head = [p.detach().clone() for p in method.gan_head.parameters()]
+    train(method.cfg, method, progress=False)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in log if "loss" in r]
+    for record in steps:
+        assert all(math.isfinite(v) for v in record.values()), record
+        assert record["loss_gan_critic"] > 0 and {"gan_real_logit", "gan_fake_logit"} <= record.keys()
+    assert all(r["loss_gan"] > 0 for r in steps)  # from the first generator update on (steps 0 and 2)
+    assert any(not torch.equal(a, b) for a, b in zip(head, method.gan_head.parameters(), strict=True))
+    x0 = method.adapter.noise(2, torch.Generator().manual_seed(1)).requires_grad_(True)
+    method.discriminate(x0, method.embeds[:2], torch.Generator().manual_seed(2)).sum().backward()
+    assert x0.grad is not None and x0.grad.abs().sum() > 0
+    recipe = json.loads((out / "final" / "fv_recipe.json").read_text())
+    assert (
+        recipe["gan_loss"] is True and recipe["gan_data"] == "shapes" and recipe["student_init"] == "teacher"
+    )
+
+    resumed_run = tmp_path / "resumed"
+    shutil.copytree(out, resumed_run, ignore=shutil.ignore_patterns("checkpoint-4", "final"))
+    resumed = DMD2Method(validate(dmd2_config(resumed_run, prompts, steps=4, **GAN)))
+    assert train(resumed.cfg, resumed, progress=False)["resumed_from"] == 2
+    pairs = [(method.gan_head, resumed.gan_head), (method.student, resumed.student)]
+    for a, b in pairs + [(method.critic, resumed.critic)]:
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"gan_data": "shapes"}, r"gan_data='shapes' with gan_generator_weight=0.0.*needs both.*Fix"),
+        ({"gan_critic_weight": 1.0}, r"gan_data=None with .*gan_critic_weight=1.0.*Fix"),
+        (
+            {"gan_data": "shapes", "gan_critic_weight": 1.0},  # the tiny teacher samples 5 frames of 32x32
+            r"gan_data='shapes' gives clips of latent shape \[1, 16, 3, 8, 8\], the student samples "
+            r"\[1, 16, 2, 4, 4\]. Fix",
+        ),
+    ],
+)
+def test_bad_gan_options_are_refused(options, match, prompts, tmp_path):
+    with pytest.raises(ConfigError, match=match):
+        DMD2Method(validate(dmd2_config(tmp_path, prompts, steps=1, **options)))
+
+
 def test_empty_prompts_file_is_refused(tmp_path):
     empty = tmp_path / "p.txt"
     empty.write_text("# only a comment\n\n")

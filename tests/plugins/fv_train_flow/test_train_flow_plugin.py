@@ -1,7 +1,7 @@
-"""fv-train-flow registers its methods, option schema and commands through the hooks."""
+"""fv-train-flow registers its methods, option schema, reward, dataset and commands through the hooks."""
 
 from fv_core.plugins import PluginHost
-from fv_train_flow import plugin
+from fv_train_flow import plugin, shapes
 from fv_train_flow.config import FlowOptions
 from fv_train_flow.method import FlowMethod
 from fv_train_flow.reward import ShapesDetectorReward
@@ -14,6 +14,7 @@ def test_methods_and_options_are_registered():
     host.collect()
     assert host.infos["fv-train-flow"].hooks == [
         "fv_register_commands",
+        "fv_register_datasets",
         "fv_register_methods",
         "fv_register_options",
         "fv_register_rewards",
@@ -22,4 +23,6 @@ def test_methods_and_options_are_registered():
     assert host.registries.methods.get("vae") is VaeMethod
     assert host.registries.options.get("fv-train-flow") is FlowOptions
     assert host.registries.rewards.get("shapes-detector") is ShapesDetectorReward
+    video, captions = host.registries.datasets.get("shapes")().batch(0, 5, 2)
+    assert video.shape == (2, 3, 9, 64, 64) and captions == [s.caption for s in shapes.stream_specs(0, 5, 2)]
     assert set(host.registries.commands) == {"eval"}  # `fv train` is the core's

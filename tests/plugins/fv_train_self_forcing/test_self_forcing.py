@@ -107,6 +107,49 @@ def test_only_each_chunks_exit_step_carries_the_gradient(trained, monkeypatch):
     method.student.zero_grad(set_to_none=True)
 
 
+def test_regression_is_teacher_forced_and_pulls_the_student_to_the_teachers_samples(trained, monkeypatch):
+    """regression_loss: one pass with grad per chunk and, after each chunk but the last, a cache write of
+    the teacher's own clean chunk (no grad); a few optimiser steps on it alone lower it at the same draws;
+    the teacher gets no gradient."""
+    import fv_wan.training
+
+    method = trained[0]
+    saved = {k: v.clone() for k, v in method.student.state_dict().items()}
+    passes: list[tuple[bool, torch.Tensor]] = []
+    body = fv_wan.training.chunk_body
+
+    def recording(transformer, inputs):
+        passes.append((torch.is_grad_enabled(), inputs["latents"]))
+        return body(transformer, inputs)
+
+    monkeypatch.setattr(fv_wan.training, "chunk_body", recording)
+    embeds = method.embeds[:2]
+    first = method.regression_loss(embeds, torch.Generator().manual_seed(0))
+    assert [grad for grad, _ in passes] == [True, False, True, False, True]
+    gen = torch.Generator().manual_seed(0)
+    target = method.teacher_sample(method.adapter.noise(2, gen, num_frames=9), embeds)
+    for chunk, (_, latents) in enumerate(passes[1::2]):  # context timestep 0: the clean chunk itself
+        assert torch.equal(latents, target[:, :, chunk : chunk + 1].to(latents.dtype)), chunk
+    optimiser = torch.optim.Adam(method.student.parameters(), lr=1e-3)
+    for _ in range(5):
+        optimiser.zero_grad(set_to_none=True)
+        method.regression_loss(embeds, torch.Generator().manual_seed(0)).backward()
+        optimiser.step()
+    after = method.regression_loss(embeds, torch.Generator().manual_seed(0))
+    assert after.item() < 0.9 * first.item()
+    assert all(p.grad is None for p in method.teacher.parameters())
+    method.student.load_state_dict(saved)  # the fixture's student for the tests after this one
+    method.student.zero_grad(set_to_none=True)
+
+
+def test_a_regression_weight_adds_the_logged_regression_loss(prompts, tmp_path):
+    method = SelfForcingMethod(validate(sf_config(tmp_path, prompts, steps=1, regression_weight=2.0)))
+    train(method.cfg, method, progress=False)
+    record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])
+    assert record["step"] == 1 and record["loss_regression"] > 0 and math.isfinite(record["loss_regression"])
+    assert json.loads((tmp_path / "final" / "fv_recipe.json").read_text())["regression_weight"] == 2.0
+
+
 def test_export_is_a_loadable_causal_student_with_its_recipe(trained):
     method, _, out = trained
     recipe = json.loads((out / "final" / "fv_recipe.json").read_text())
@@ -146,6 +189,7 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(trained, prompts,
         ),
         ({"min_sigma": 0.9, "max_sigma": 0.5}, r"min_sigma=0.9 must be below max_sigma=0.5.*Fix"),
         ({"ema_decay": 1.0}, r"ema_decay.*less than 1.*Fix"),
+        ({"regression_weight": -1}, r"regression_weight.*greater than or equal to 0.*Fix"),
         ({"chunk_frames": 2}, r"num_frames=9 makes 3 latent frames, not a multiple of chunk_frames=2.*Fix"),
         ({"bogus": 1}, r"bogus: Extra inputs are not permitted; got 1. Fix: it is an unknown field"),
         ({"prompts": "/nonexistent/prompts.txt"}, r"options.prompts='/nonexistent/prompts.txt'.*Fix"),

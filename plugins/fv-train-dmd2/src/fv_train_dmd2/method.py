@@ -18,9 +18,10 @@ step first, TTUR):
   predictions of the critic (fake) and the teacher (real, CFG ``real_guidance``); the gradient on the
   sample is ``(fake - real) / mean|sample - real|`` (per sample), applied as
   ``0.5 * ||sample - sg(sample - grad)||^2``;
-* critic loss: flow matching (velocity target ``noise - x0``) on the detached sample at a random level.
-
-The GAN term of DMD2 (a classifier head on the critic's features) is not implemented.
+* critic loss: flow matching (velocity target ``noise - x0``) on the detached sample at a random level;
+* GAN term (when ``gan_data`` and its weights are set): a head on the critic's last hidden states tells
+  real clips of a registered dataset from the student's samples, both noised to a random level; the
+  critic and head learn it, the student learns to fool it.
 
 The scores, losses, update step and checkpoints are the core's DMD toolkit
 (``fv_core.training.dmd``). Every forward runs the family's serve loop bodies through its training adapter
@@ -134,7 +135,17 @@ class DMD2Method(DistributionMatching):
             "critic_steps_per_generator": self.opts.critic_steps_per_generator,
             "train_steps": self.cfg.steps,
             "batch_size": self.cfg.batch_size,
-            "gan_loss": False,
+            "student_init": str(self.opts.student_weights) if self.opts.student_weights else "teacher",
+            "gan_loss": self.opts.gan,
+            **(
+                {
+                    "gan_data": self.opts.gan_data,
+                    "gan_generator_weight": self.opts.gan_generator_weight,
+                    "gan_critic_weight": self.opts.gan_critic_weight,
+                }
+                if self.opts.gan
+                else {}
+            ),
         }
 
     def export(self, folder: Path) -> None:

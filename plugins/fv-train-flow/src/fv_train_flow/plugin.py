@@ -1,5 +1,5 @@
 """fv-train-flow's pluggy hooks: the ``flow`` and ``vae`` training methods, the option schema, the
-``shapes-detector`` reward and the ``fv eval`` command."""
+``shapes-detector`` reward, the ``shapes`` dataset and the ``fv eval`` command."""
 
 from __future__ import annotations
 
@@ -31,3 +31,8 @@ def fv_register_options(register: Callable[..., None]) -> None:
 @hookimpl
 def fv_register_commands(register: Callable[..., None]) -> None:
     register("eval", "fv_train_flow.cli:add_eval_parser")
+
+
+@hookimpl
+def fv_register_datasets(register: Callable[..., None]) -> None:
+    register("shapes", "fv_train_flow.shapes:ShapesDataset")

@@ -108,3 +108,11 @@ def batch(
     specs = stream_specs(seed, index, size, combos)
     video = torch.stack([render(s) for s in specs]).permute(0, 4, 1, 2, 3) * 2 - 1
     return video, specs
+
+
+class ShapesDataset:
+    """The training stream as a registered dataset (``shapes``): the training combinations' clips."""
+
+    def batch(self, seed: int, index: int, size: int) -> tuple[torch.Tensor, list[str]]:
+        video, specs = batch(seed, index, size)
+        return video, [s.caption for s in specs]

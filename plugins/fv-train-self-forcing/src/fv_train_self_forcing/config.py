@@ -8,8 +8,6 @@ equal the defaults of the card that will serve it (its recipe records them).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field, model_validator
 
 from fv_core.training.dmd import DMDOptions
@@ -19,7 +17,6 @@ class SelfForcingOptions(DMDOptions):
     """Self-forcing of a causal student of ``teacher`` (initialised from the teacher's weights): the core's
     DMD options plus the causal loop's chunking, the rollout length and the EMA."""
 
-    student_weights: Path | None = None  # a checkpoint to start the student from (default: the teacher's)
     num_frames: int | None = Field(None, gt=0)  # video frames of a training rollout (default: teacher's)
     # The causal loop's fixed timesteps per chunk (of num_train_timesteps) first to last, under flow_shift.
     timesteps: list[int] = Field(default_factory=lambda: [1000, 750, 500, 250], min_length=1)
@@ -30,6 +27,12 @@ class SelfForcingOptions(DMDOptions):
     sink_frames: int = Field(1, ge=0)  # first latent frames the rolling window always keeps
     ema_decay: float = Field(0.99, ge=0, lt=1)  # EMA of the student, updated after each generator step
     ema_start: int = Field(0, ge=0)  # generator updates before the EMA starts (it copies until then)
+    # Regression onto the teacher's ODE (CausVid's initialisation, here beside DMD; 0 = off): the student,
+    # fed the teacher's own clean chunks as context, predicts the teacher's sample from the noise it came
+    # from (first step) or from it re-noised (later steps), which ties the student's map from noise to
+    # video to the teacher's (where things start, how squares look), not only its distribution.
+    regression_weight: float = Field(0.0, ge=0)
+    regression_steps: int = Field(30, ge=1)  # Euler steps of the teacher's ODE per regression pair
 
     @model_validator(mode="after")
     def _window(self) -> SelfForcingOptions:

@@ -27,7 +27,6 @@ from typing import Any, Protocol, cast
 
 import torch
 
-import fv_core
 from fv_core import ConfigError
 from fv_core.training import Consistency, MethodSpec, Role, RoleSpec, TrainAdapter, TrainConfig, train_adapter
 from fv_core.training.dmd import DistributionMatching
@@ -105,12 +104,7 @@ class SelfForcingMethod(DistributionMatching):
         self.context_timestep = self.context_sigma * n
         self.num_frames = self.opts.num_frames or self.teacher_defaults.num_frames
         self._check_frames()
-        start = None
-        if self.opts.student_weights is not None:
-            start = fv_core.load(self.opts.teacher, self.opts.student_weights).instance.component(
-                "transformer"
-            )
-        self.setup_roles(start, ema=True)
+        self.setup_roles(ema=True)
 
     def _causal(self, adapter: TrainAdapter, family: str) -> CausalTrainAdapter:
         missing = [name for name in CAUSAL_API if not hasattr(adapter, name)]
@@ -189,6 +183,54 @@ class SelfForcingMethod(DistributionMatching):
         exits = torch.randint(len(self.opts.timesteps), (chunks,), generator=gen).tolist()
         return self.rollout(self.student, embeds, noise, gen, exits, grad)
 
+    # ---- the regression onto the teacher's ODE (options.regression_weight) ----
+
+    def extra_generator_losses(
+        self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        if not self.opts.regression_weight:
+            return {}
+        return {"regression": self.opts.regression_weight * self.regression_loss(embeds, gen)}
+
+    @torch.no_grad()
+    def teacher_sample(self, noise: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """The teacher's sample from ``noise``: its flow ODE by Euler in ``regression_steps`` at its own
+        flow shift, bidirectional over the whole video, guidance 1."""
+        s = float(self.teacher_defaults.flow_shift)
+        u = torch.linspace(1, 0, self.opts.regression_steps + 1)
+        sigmas = (s * u / (1 + (s - 1) * u)).tolist()
+        x = noise
+        for a, b in zip(sigmas[:-1], sigmas[1:], strict=False):
+            v = self.adapter.velocity(self.teacher, x, torch.full((x.shape[0],), a), embeds)
+            x = x + (b - a) * v.float()
+        return x
+
+    def regression_loss(self, embeds: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """Mean squared error of the student's x0 against the teacher's sample, per chunk at a random fixed
+        step, teacher-forced: the context holds the teacher's earlier chunks, written as the loop writes."""
+        n, student = self.opts.chunk_frames, self.student
+        noise = self.adapter.noise(embeds.shape[0], gen, num_frames=self.num_frames)
+        target = self.teacher_sample(noise, embeds)
+        kv = self.adapter.text_kv(student, embeds, train=True)
+        ctx = self.adapter.chunk_context(student, noise, self.opts.window_frames, self.opts.sink_frames)
+        chunks = noise.shape[2] // n
+        steps = torch.randint(len(self.opts.timesteps), (chunks,), generator=gen).tolist()
+        losses = []
+        for c, i in enumerate(steps):
+            frames = slice(c * n, (c + 1) * n)
+            clean = target[:, :, frames]
+            x = noise[:, :, frames] if i == 0 else renoise(clean, float(self.sigmas[i]), gen)
+            v = self.adapter.chunk_velocity(student, x, float(self.timesteps[i]), kv, ctx, c * n, True)
+            losses.append(torch.nn.functional.mse_loss(x - self.sigmas[i] * v["velocity"].float(), clean))
+            if c < chunks - 1:
+                with torch.no_grad():
+                    context = renoise(clean, self.context_sigma, gen)
+                    write = self.adapter.chunk_velocity(
+                        student, context, self.context_timestep, kv.detach(), ctx, c * n, False
+                    )
+                ctx.write(write["k"], write["v"], c * n)
+        return torch.stack(losses).mean()
+
     def after_generator_step(self, update: int) -> None:
         self.update_ema(0.0 if update < self.opts.ema_start else self.opts.ema_decay)
 
@@ -242,6 +284,8 @@ class SelfForcingMethod(DistributionMatching):
             "real_guidance": o.real_guidance,
             "critic_steps_per_generator": o.critic_steps_per_generator,
             "ema_decay": o.ema_decay,
+            "regression_weight": o.regression_weight,
+            "regression_steps": o.regression_steps,
             "exported": "ema",
             "train_steps": self.cfg.steps,
             "batch_size": self.cfg.batch_size,

@@ -32,6 +32,7 @@ from fv_wan.causal_loop import context_frames
 from fv_wan.conditioning import encode_condition_body
 from fv_wan.loop import clean_prompt, decode_body, denoise_body, encode_body, text_kv_body
 from fv_wan.tiny import word_tokenizer, write_pipeline_files
+from fv_wan.transformer import prepare, run_blocks
 
 RECIPE_FILE = "fv_recipe.json"
 
@@ -83,6 +84,22 @@ class WanTrainAdapter:
         inputs = {"latents": latents, "timestep": sigma * self.num_train_timesteps, "kv": kv}
         return run_body(_plan(WorkUnitKind.DIFFUSION_STEP, denoise_body, transformer, inputs), train)[
             "velocity"
+        ]
+
+    def features(
+        self,
+        transformer: torch.nn.Module,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        embeds: torch.Tensor,
+        train: bool = False,
+    ) -> torch.Tensor:
+        """Every token's hidden state [B, tokens, dim] after the last block of the denoise forward (what
+        a discriminator head on a critic reads)."""
+        kv = self.text_kv(transformer, embeds, train)
+        inputs = {"latents": latents, "timestep": sigma * self.num_train_timesteps, "kv": kv}
+        return run_body(_plan(WorkUnitKind.DIFFUSION_STEP, features_body, transformer, inputs), train)[
+            "features"
         ]
 
     # ---- the causal loop's pieces (fv_wan.causal_loop.CausalWanLoop) ----
@@ -247,6 +264,12 @@ class ChunkContext:
             out_k[:, :, :, :length], out_v[:, :, :, :length] = self.k, self.v
         valid = (torch.arange(size) < length)[None].expand(rows, size)
         return {"ctx_k": out_k, "ctx_v": out_v, "ctx_valid": valid}
+
+
+def features_body(transformer: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The denoise body's forward up to its output head: the hidden states after the last block."""
+    prep = prepare(transformer, inputs["latents"], inputs["timestep"], inputs["kv"])
+    return {"features": run_blocks(transformer, prep)}
 
 
 def _plan(kind: WorkUnitKind, body: Any, module: torch.nn.Module, inputs: dict[str, Any]) -> WorkPlan:
