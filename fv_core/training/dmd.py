@@ -62,6 +62,7 @@ class DMDOptions(StrictModel):
     gan_data: str | None = None
     gan_generator_weight: float = Field(0.0, ge=0)
     gan_critic_weight: float = Field(0.0, ge=0)
+    gan_head_lr_scale: float = Field(1.0, gt=0)  # the fresh head's learning rate over the critic's
 
     @field_validator("timesteps")
     @classmethod
@@ -178,8 +179,9 @@ class DistributionMatching:
         self.gan_head = self._gan_head() if self.opts.gan else None
         self.opt_g = make_optimizer(list(self.student.parameters()), self.cfg.optim)
         self.critic_optim = self.cfg.optim.model_copy(update={"lr": self.opts.critic_lr or self.cfg.optim.lr})
-        self.opt_c = make_optimizer(self.critic_parameters(), self.critic_optim)
+        self.opt_c = make_optimizer(self.critic_groups(), self.critic_optim)
         self._last_g: dict[str, float] = {}
+        self.steps_done = 0
 
     def _gan_head(self) -> GANHead:
         """The GAN head, sized by the critic's features; the real clips' dataset."""
@@ -205,6 +207,13 @@ class DistributionMatching:
         """What the critic's optimiser trains: the fake score and the GAN head."""
         head = list(self.gan_head.parameters()) if self.gan_head is not None else []
         return list(self.critic.parameters()) + head
+
+    def critic_groups(self) -> list[dict[str, Any]]:
+        """The critic optimiser's parameter groups: the fake score, and the GAN head at its own scale."""
+        groups: list[dict[str, Any]] = [{"params": list(self.critic.parameters())}]
+        if self.gan_head is not None:
+            groups.append({"params": list(self.gan_head.parameters()), "lr_scale": self.opts.gan_head_lr_scale})
+        return groups
 
     @property
     def student(self) -> torch.nn.Module:
@@ -285,6 +294,7 @@ class DistributionMatching:
     # ---- the step: a critic update, and first a generator update every few steps (TTUR) ----
 
     def step(self, step: int) -> dict[str, float]:
+        self.steps_done = step + 1  # what an export (a checkpoint's recipe) says it was trained for
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)  # per step: resume is exact
         embeds = self.embeds[torch.randint(len(self.prompts), (self.cfg.batch_size,), generator=gen)]
         self.student.train()

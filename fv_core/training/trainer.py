@@ -157,7 +157,9 @@ def plot_loss(log_path: Path, png: Path) -> None:
 # ---- optimiser helpers shared by methods ----
 
 
-def make_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.AdamW:
+def make_optimizer(params: list[Any], cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over ``params``: parameters, or parameter groups (dicts) whose ``lr_scale`` multiplies the
+    scheduled learning rate (:func:`set_lr`)."""
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
@@ -171,7 +173,7 @@ def set_lr(opt: torch.optim.Optimizer, cfg: OptimConfig, step: int, total: int) 
     else:
         scale = 1.0
     for group in opt.param_groups:
-        group["lr"] = cfg.lr * scale
+        group["lr"] = cfg.lr * scale * group.get("lr_scale", 1.0)
     return cfg.lr * scale
 
 

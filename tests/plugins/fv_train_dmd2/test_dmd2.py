@@ -105,6 +105,7 @@ GAN = {
     "gan_data": "shapes",
     "gan_generator_weight": 0.5,
     "gan_critic_weight": 1.0,
+    "gan_head_lr_scale": 10.0,
 }
 
 
@@ -124,6 +125,8 @@ def test_the_gan_term_trains_its_head_on_real_clips_and_resumes(prompts, tmp_pat
         assert record["loss_gan_critic"] > 0 and {"gan_real_logit", "gan_fake_logit"} <= record.keys()
     assert all(r["loss_gan"] > 0 for r in steps)  # from the first generator update on (steps 0 and 2)
     assert any(not torch.equal(a, b) for a, b in zip(head, method.gan_head.parameters(), strict=True))
+    critic_group, head_group = method.opt_c.param_groups
+    assert head_group["lr"] == 10.0 * critic_group["lr"] > 0
     x0 = method.adapter.noise(2, torch.Generator().manual_seed(1)).requires_grad_(True)
     method.discriminate(x0, method.embeds[:2], torch.Generator().manual_seed(2)).sum().backward()
     assert x0.grad is not None and x0.grad.abs().sum() > 0

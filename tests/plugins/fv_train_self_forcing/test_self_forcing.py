@@ -156,6 +156,8 @@ def test_export_is_a_loadable_causal_student_with_its_recipe(trained):
     assert recipe["method"] == "self_forcing" and recipe["parents"] == ["wan2.1-t2v-tiny"]
     assert recipe["loop"] == "causal" and recipe["timesteps"] == [1000, 750, 500, 250]
     assert recipe["chunk_frames"] == 1 and recipe["exported"] == "ema" and recipe["train_steps"] == 4
+    assert recipe["steps_done"] == 4
+    assert json.loads((out / "checkpoint-2" / "fv_recipe.json").read_text())["steps_done"] == 2
     causal = fv_core.load("wan2.1-t2v-tiny-causal", out / "final")
     for a, b in zip(
         causal.instance.component("transformer").parameters(), method.ema.parameters(), strict=True
@@ -254,7 +256,10 @@ def test_c2_the_training_rollout_is_the_causal_serve_loop_bit_for_bit(prompts, t
     assert video.requires_grad and torch.equal(video.detach(), served_latents)
 
 
-@pytest.mark.parametrize("name", ["self_forcing.yaml", "self_forcing_stage2.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    ["self_forcing.yaml", "self_forcing_stage2.yaml", "self_forcing_stage3.yaml", "self_forcing_stage4.yaml"],
+)
 def test_the_shapes_configs_train_for_the_shapes_causal_cards_loop(name):
     """configs/shapes/self_forcing*.yaml roll out with the chunking, schedule and window the
     wan2.1-t2v-shapes-causal card serves with."""

@@ -134,6 +134,7 @@ class DMD2Method(DistributionMatching):
             "real_guidance": self.opts.real_guidance,
             "critic_steps_per_generator": self.opts.critic_steps_per_generator,
             "train_steps": self.cfg.steps,
+            "steps_done": self.steps_done,
             "batch_size": self.cfg.batch_size,
             "student_init": str(self.opts.student_weights) if self.opts.student_weights else "teacher",
             "gan_loss": self.opts.gan,

@@ -288,6 +288,7 @@ class SelfForcingMethod(DistributionMatching):
             "regression_steps": o.regression_steps,
             "exported": "ema",
             "train_steps": self.cfg.steps,
+            "steps_done": self.steps_done,
             "batch_size": self.cfg.batch_size,
         }
 

@@ -757,11 +757,12 @@ def wan_shapes_causal() -> ModelCard:
         "configs/shapes/self_forcing.yaml`, fv-train-self-forcing): one latent frame (4 video frames) per "
         "chunk, 4 fixed steps [1000, 750, 500, 250] per chunk under flow shift 3, no CFG, each finished "
         "chunk re-run into a rolling KV cache of 3 latent frames (frame 0 kept as a sink). Ships only its "
-        "transformer; the VAE, text encoder, tokenizer and scheduler are its parent's files. 11000 steps in "
-        "three stages (configs/shapes/self_forcing.yaml, self_forcing_stage2.yaml, self_forcing_stage3.yaml; "
-        "67 min on 2 shared CPU cores). Measured on all 48 prompts x 2 seeds at 9 frames "
-        "(bench/results/self_forcing_shapes.json): colour 1.00, shape 0.896, direction 1.00 (teacher "
-        "1.00 / 0.99 / 1.00), start spread 1.47 (teacher 2.02); at 17 frames direction holds but colour and "
+        "transformer; the VAE, text encoder, tokenizer and scheduler are its parent's files. 12750 steps in "
+        "four stages (configs/shapes/self_forcing.yaml, self_forcing_stage2.yaml, self_forcing_stage3.yaml, "
+        "self_forcing_stage4.yaml, whose regression onto the teacher's ODE sits beside DMD; 84 min on 2 "
+        "shared CPU cores). Measured on all 48 prompts x 2 seeds at 9 frames "
+        "(bench/results/self_forcing_shapes.json): colour 1.00, shape 0.917, direction 1.00 (teacher "
+        "1.00 / 0.99 / 1.00), start spread 1.64 (teacher 2.02); at 17 frames direction holds but colour and "
         "shape fail past frame 9, as the shapes VAE does on ground-truth clips past its 9 training frames.",
         StepCostModel(base_s=0.004, per_token_s=4e-6),
         defaults=SHAPES_CAUSAL_DEFAULTS,
