@@ -32,7 +32,7 @@ from typing import Any
 from fv_core.errors import Cancelled, ConfigError, QueueFull
 from fv_core.loop.contracts import LoopResult, StreamEvent
 from fv_core.request import TERMINAL_EVENTS
-from fv_core.runtime.engine import Engine
+from fv_core.runtime.engine import Engine, release_heap
 from fv_core.runtime.engine import freeze_heap as freeze_loaded_heap
 from fv_core.runtime.scheduler import Scheduler, settle
 
@@ -167,6 +167,8 @@ class AsyncEngine:
                 if self._sched.has_work():
                     self._sched.step()
                     self._retry_after_s = self.engine.admission.retry_after_s()
+                    if not self._sched.has_work():
+                        release_heap()  # idle: what the run freed goes back to the OS
             except Exception as exc:  # an internal failure ends every request, not the worker
                 self._sched.abort(exc)
 

@@ -17,14 +17,18 @@ its error once the others finished. ``on_event`` receives every StreamEvent
 (progress per step, partial outputs where declared; then ``done`` carrying
 the LoopResult, or ``error`` / ``cancelled`` carrying the exception).
 ``state`` resumes a loop from a saved LoopState. ``freeze_heap()`` after loading
-models keeps garbage-collection pauses independent of the process's heap. The engine owns one
-CostModel calibrated by a Profiler observer, and one AdmissionController. ``at_boundary`` (from
+models keeps garbage-collection pauses independent of the process's heap; each run ends with
+``release_heap()``, so the heap its steps freed does not stay resident while the engine is idle.
+The engine owns one CostModel calibrated by a Profiler observer, and one AdmissionController. ``at_boundary`` (from
 another thread while a run goes on, or when idle) runs ``fn(scheduler)`` between two ticks of the
 run in progress, else at once: a weight sync swaps weights there.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import gc
 import threading
 from collections import deque
@@ -43,6 +47,27 @@ from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Budget
 from fv_core.runtime.cost import CostModel
 from fv_core.runtime.scheduler import Entry, Scheduler, SchedulerConfig, WorkItem, settle
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_heap() -> None:
+    """Give the allocator's free heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    glibc's dynamic mmap threshold moves tensors of the sizes a model frees onto the heap, so what a
+    finished batch allocated stays resident as free heap (measured: 17-45 MiB after an 8-request
+    batch of the medium Wan bench) until something trims it. An engine calls this when it goes idle;
+    it takes a few milliseconds."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def freeze_heap() -> None:
@@ -158,6 +183,7 @@ class Engine:
             with self._lock:
                 self._scheduler = None
             sched.run_boundary()  # callbacks queued after the last tick
+            release_heap()  # idle: what the run freed goes back to the OS
         return entries
 
     @staticmethod

@@ -95,3 +95,28 @@ def test_freeze_heap_on_start_leaves_the_loaded_heap_out_of_gc_scans(model):
         assert asyncio.run(main()) > 1000  # torch and the test's objects were frozen at start
     finally:
         gc.unfreeze()
+
+
+def test_engines_give_the_freed_heap_back_when_they_go_idle(model, monkeypatch):
+    import fv_core.runtime.async_engine as async_engine_module
+    import fv_core.runtime.engine as engine_module
+
+    calls = []
+    monkeypatch.setattr(engine_module, "release_heap", lambda: calls.append("engine"))
+    monkeypatch.setattr(async_engine_module, "release_heap", lambda: calls.append("async"))
+    Engine().run_one(NullLoop(), Request("e", params={"steps": 3}), None)
+    assert calls == ["engine"]  # once, at the end of the run, not per step
+
+    async def main():
+        async with AsyncEngine(Engine()) as aengine:
+            rid = await aengine.submit(NullLoop(), Request("a", params={"steps": 3}), None)
+            await aengine.result(rid)
+
+    asyncio.run(main())
+    assert calls == ["engine", "async"]
+
+
+def test_release_heap_runs_on_any_c_library():
+    from fv_core.runtime.engine import release_heap
+
+    release_heap()  # glibc trims; elsewhere a no-op

@@ -1,8 +1,10 @@
 """Folded text keys/values: a request holds its prompt's positions, not the 512 padded ones, and the
-denoise body unfolds them one block at a time, bit for bit (also zero-padded in a batch of folds)."""
+denoise body unfolds them one block and one row group at a time, bit for bit (also zero-padded in a
+batch of folds)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from wan_support import request, tiny_instance
 
@@ -12,6 +14,7 @@ from fv_core.extend import BLOCKS_INPUT
 from fv_core.loop.runner import run_plan
 from fv_core.runtime import Engine
 from fv_core.runtime.batching import padded
+from fv_wan import transformer as transformer_module
 from fv_wan.loop import WanLoop, denoise_body
 from fv_wan.transformer import folded_text_kv, text_kv
 
@@ -45,7 +48,11 @@ def test_folded_text_kv_unfolds_to_text_kv_bit_for_bit(tiny_path):
         assert torch.equal(_bits(RepeatedTail(head, full.shape[-2], -2).expand()), _bits(full[row]))
 
 
-def test_denoise_body_on_a_batch_of_folds_matches_full_keys_values(tiny_path):
+@pytest.mark.parametrize(
+    "unfold_bytes", [transformer_module.UNFOLD_BYTES, 1], ids=["one_group", "row_by_row"]
+)
+def test_denoise_body_on_a_batch_of_folds_matches_full_keys_values(tiny_path, monkeypatch, unfold_bytes):
+    monkeypatch.setattr(transformer_module, "UNFOLD_BYTES", unfold_bytes)  # 1: each row unfolds alone
     model = tiny_instance(tiny_path)
     text = _embeds(model, "a cat", "a red car driving in the city at night", "a dog")
     transformer = model.component("transformer")

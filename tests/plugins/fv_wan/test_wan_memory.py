@@ -1,5 +1,6 @@
-"""Wan's caches under byte budgets: K/V entries stored without their padding repeats (bit-exact),
-resident bytes counting the cache budgets, admission refusing what the budgets cannot hold."""
+"""Wan's caches and working sets under byte budgets: K/V entries stored without their padding repeats
+(bit-exact), resident bytes counting the cache budgets, admission refusing what the budgets cannot
+hold, a batch of latents decoded in row groups."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from wan_support import request, run, tiny_instance
 from fv_core.errors import AdmissionInfeasible
 from fv_core.runtime import Budget, Engine
 from fv_core.runtime.admission import resident_bytes
-from fv_wan.loop import WanLoop
+from fv_wan import loop as loop_module
+from fv_wan.loop import WanLoop, decode_body, decoded_row_bytes
 from fv_wan.transformer import text_kv
 
 
@@ -47,3 +49,21 @@ def test_admission_refuses_a_budget_without_room_for_the_caches(tiny_path):
     engine = Engine(Budget(memory_bytes=model.weights_bytes() + (1 << 20)))
     with pytest.raises(AdmissionInfeasible, match=f"memory needs {resident_bytes(model)} resident"):
         engine.run_one(WanLoop(model), request(model, rid="tight"), model)
+
+
+def test_a_batch_decodes_in_row_groups_under_the_byte_budget(tiny_model, monkeypatch):
+    vae = tiny_model.component("vae")
+    latents = torch.randn(3, 16, 2, 4, 6, generator=torch.Generator().manual_seed(0))
+    calls = []
+    decode = vae.decode
+    monkeypatch.setattr(vae, "decode", lambda z, **kw: calls.append(len(z)) or decode(z, **kw))
+    monkeypatch.setattr(loop_module, "DECODE_BYTES", 2 * decoded_row_bytes(vae, latents))
+    with torch.no_grad():
+        grouped = decode_body(vae, {"latents": latents})["frames"]
+        assert calls == [2, 1]
+        alone = [decode_body(vae, {"latents": latents[i : i + 1]})["frames"] for i in range(3)]
+        monkeypatch.setattr(loop_module, "DECODE_BYTES", 1)  # every row alone
+        rows = decode_body(vae, {"latents": latents})["frames"]
+    assert grouped.shape == (3, 5, 32, 48, 3)
+    assert torch.equal(rows, torch.cat(alone))  # a row decoded alone is a single request's decode
+    assert torch.allclose(grouped, rows, atol=1e-5)

@@ -11,8 +11,9 @@ Wan2.2 TI2V, one per latent token ``[B, tokens]``.
 Text keys/values may come folded (``kv_rows``): padded prompts end in a run of
 bit-identical positions, so ``kv`` holds each row's first ``kv_rows[b]``
 positions (the last one the repeated one; zeros may pad the rest) and each
-block's full ``kv_length`` positions are rebuilt only while that block runs,
-bit for bit: a request holds its prompt's keys/values, not 512 padded ones.
+block's full ``kv_length`` positions are rebuilt only while that block runs, a
+row group at a time (at most ``UNFOLD_BYTES``), bit for bit: a request holds its
+prompt's keys/values, not 512 padded ones.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from fv_core.cache import RepeatedTail, tail_start
 from fv_core.extend import BlockHook, BlockHooks, drive_blocks
 from fv_core.parallel import gather, shard
 from fv_wan.attention import token_grid
+
+# Most bytes of text keys/values one block's cross-attention unfolds at once (a batch of folded rows
+# unfolds a row group at a time): two rows of the medium bench model in float32; a row of Wan2.1 14B
+# in bfloat16 (2 x 512 x 5120 x 2 bytes = 10 MiB) unfolds alone.
+UNFOLD_BYTES = 4 << 20
 
 # around_block(index, hidden, run) -> hidden; ``run(hidden)`` computes block ``index`` for real.
 AroundBlock = Callable[[int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
@@ -85,23 +91,36 @@ class Prepared:
     grid: tuple[int, int, int]  # latent grid after patching (frames, height, width)
     image_kv: torch.Tensor | None = None  # [B, blocks, 2, N, dim] image cross-attention (image_kv), I2V
     kv_length: int = 0  # folded ``kv``: the full text length (0: ``kv`` is full)
+    kv_rows: torch.Tensor | None = None  # folded ``kv``: the positions each row holds
 
-    def block_kv(self, index: int) -> torch.Tensor:
-        """Block ``index``'s text keys/values [B, 2, L, dim], unfolded when ``kv`` is folded."""
-        kv = self.kv[:, index]
+    def block_kv(self, index: int, rows: slice = slice(None)) -> torch.Tensor:
+        """Block ``index``'s text keys/values [B, 2, L, dim] (of batch ``rows``), unfolded when ``kv`` is
+        folded: each row repeats its last held position up to ``kv_length``."""
+        kv = self.kv[rows, index]
         held = kv.shape[2]
         if self.kv_length <= held:
             return kv
+        if self.kv_rows is not None:
+            kv = fill_folded(kv, self.kv_rows[rows])
         return torch.cat([kv, kv[:, :, held - 1 :].expand(-1, -1, self.kv_length - held, -1)], 2)
+
+    def unfold_groups(self) -> list[slice]:
+        """Batch rows in groups whose unfolded text keys/values take at most UNFOLD_BYTES (one row at
+        least); one group when ``kv`` is full (nothing is unfolded)."""
+        if self.kv_length <= self.kv.shape[3]:
+            return [slice(None)]
+        row_bytes = 2 * self.kv_length * self.kv.shape[4] * self.kv.element_size()
+        size = max(1, UNFOLD_BYTES // row_bytes)
+        return [slice(start, start + size) for start in range(0, self.kv.shape[0], size)]
 
 
 def fill_folded(kv: torch.Tensor, kv_rows: torch.Tensor) -> torch.Tensor:
-    """Folded ``kv`` [B, blocks, 2, H, dim] with each row's positions from ``kv_rows[b]`` on (padding of
-    a batch of folds) set to its last held one, so every row repeats position H - 1 from there."""
-    if int(kv_rows.min()) == kv.shape[3]:
+    """One block's folded ``kv`` [B, 2, H, dim] with each row's positions from ``kv_rows[b]`` on (padding
+    of a batch of folds) set to its last held one, so every row repeats position H - 1 from there."""
+    if int(kv_rows.min()) == kv.shape[2]:
         return kv
-    pos = torch.arange(kv.shape[3], device=kv.device).minimum(kv_rows.to(kv.device)[:, None] - 1)
-    return kv.gather(3, pos[:, None, None, :, None].expand_as(kv))
+    pos = torch.arange(kv.shape[2], device=kv.device).minimum(kv_rows.to(kv.device)[:, None] - 1)
+    return kv.gather(2, pos[:, None, :, None].expand_as(kv))
 
 
 def prepare(
@@ -128,11 +147,8 @@ def prepare(
     temb = emb.time_embedder(t if t.dtype == t_dtype or t_dtype == torch.int8 else t.to(t_dtype)).type_as(kv)
     modulation = emb.time_proj(emb.act_fn(temb)).unflatten(temb.ndim - 1, (6, -1))
     grid = (frames // p_t, height // p_h, width // p_w)
-    if kv_rows is not None:
-        kv = fill_folded(kv, kv_rows)
-    return Prepared(
-        hidden, kv, modulation, temb, rotary, grid, img_kv, kv_length if kv_rows is not None else 0
-    )
+    folded = kv_rows is not None
+    return Prepared(hidden, kv, modulation, temb, rotary, grid, img_kv, kv_length if folded else 0, kv_rows)
 
 
 def _modulation(table: torch.Tensor, modulation: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -151,15 +167,40 @@ def _attend(query: torch.Tensor, kv: torch.Tensor, heads: int) -> torch.Tensor:
     return out.permute(0, 2, 1, 3).flatten(2, 3).type_as(query)
 
 
+def _attend_context(
+    query: torch.Tensor, kv: torch.Tensor, img_kv: torch.Tensor | None, heads: int
+) -> torch.Tensor:
+    """Attention of ``query`` over the text keys/values plus, for I2V, over the image ones (summed)."""
+    out = _attend(query, kv, heads)
+    return out if img_kv is None else out + _attend(query, img_kv, heads)
+
+
 def cross_attention(
     attn, x: torch.Tensor, kv: torch.Tensor, img_kv: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``attn2`` with precomputed text key/value ([B, 2, L, dim]) and, for I2V, image key/value: the two
     attentions are computed separately and summed, as Wan does."""
     query = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
-    out = _attend(query, kv, attn.heads)
-    if img_kv is not None:
-        out = out + _attend(query, img_kv, attn.heads)
+    return attn.to_out[1](attn.to_out[0](_attend_context(query, kv, img_kv, attn.heads)))
+
+
+def block_cross_attention(attn, x: torch.Tensor, prep: Prepared, index: int) -> torch.Tensor:
+    """:func:`cross_attention` of block ``index`` over ``prep``'s keys/values, folded ones unfolded a
+    row group at a time (:meth:`Prepared.unfold_groups`). Attention rows are independent, so the
+    output is bit for bit that of one call over all rows."""
+    groups = prep.unfold_groups()
+    img_kv = None if prep.image_kv is None else prep.image_kv[:, index]
+    if len(groups) == 1:
+        return cross_attention(attn, x, prep.block_kv(index), img_kv)
+    query = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    out = torch.cat(
+        [
+            _attend_context(
+                query[g], prep.block_kv(index, g), None if img_kv is None else img_kv[g], attn.heads
+            )
+            for g in groups
+        ]
+    )
     return attn.to_out[1](attn.to_out[0](out))
 
 
@@ -171,8 +212,7 @@ def block_forward(block, hidden: torch.Tensor, prep: Prepared, index: int) -> to
         attn = block.attn1(norm, None, None, prep.rotary)
     hidden = (hidden.float() + attn * gate).type_as(hidden)
     norm = block.norm2(hidden.float()).type_as(hidden)
-    img_kv = None if prep.image_kv is None else prep.image_kv[:, index]
-    hidden = hidden + cross_attention(block.attn2, norm, prep.block_kv(index), img_kv)
+    hidden = hidden + block_cross_attention(block.attn2, norm, prep, index)
     norm = (block.norm3(hidden.float()) * (1 + c_scale) + c_shift).type_as(hidden)
     return (hidden.float() + block.ffn(norm).float() * c_gate).type_as(hidden)
 
@@ -212,7 +252,8 @@ def pick_rows(prep: Prepared, rows: torch.Tensor) -> Prepared:
         return t.index_select(0, rows.to(t.device)) if t.shape[0] == batch else t
 
     img_kv = None if prep.image_kv is None else pick(prep.image_kv)
-    return replace(prep, kv=pick(prep.kv), modulation=pick(prep.modulation), image_kv=img_kv)
+    kv_rows = None if prep.kv_rows is None else prep.kv_rows.index_select(0, rows.to(prep.kv_rows.device))
+    return replace(prep, kv=pick(prep.kv), modulation=pick(prep.modulation), image_kv=img_kv, kv_rows=kv_rows)
 
 
 def shard_tokens(prep: Prepared) -> Prepared:
