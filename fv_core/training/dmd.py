@@ -57,6 +57,12 @@ class DMDOptions(StrictModel):
     shift: float = Field(3.0, gt=0)
     eval_prompts: int = Field(8, gt=0)  # prompts (fixed noise) of the cheap evaluation
     eval_sigmas: list[float] = Field(default_factory=lambda: [0.3, 0.6, 0.9], min_length=1)
+    # Regression onto the teacher's ODE (DMD's regression loss, CausVid's initialisation; off at 0): the
+    # student predicts the teacher's own sample of fresh noise (from that noise at its first step, from the
+    # sample re-noised at later ones), which ties its map from noise to video to the teacher's (where
+    # things start, how shapes look), not only its distribution.
+    regression_weight: float = Field(0.0, ge=0)
+    regression_steps: int = Field(30, ge=1)  # Euler steps of the teacher's ODE per regression pair
     # DMD2's GAN term (off at weights 0): real clips from the dataset ``gan_data`` (registered by a plugin,
     # e.g. fv-train-flow's ``shapes``), the weights of the student's and the critic's GAN losses.
     gan_data: str | None = None
@@ -212,7 +218,9 @@ class DistributionMatching:
         """The critic optimiser's parameter groups: the fake score, and the GAN head at its own scale."""
         groups: list[dict[str, Any]] = [{"params": list(self.critic.parameters())}]
         if self.gan_head is not None:
-            groups.append({"params": list(self.gan_head.parameters()), "lr_scale": self.opts.gan_head_lr_scale})
+            groups.append(
+                {"params": list(self.gan_head.parameters()), "lr_scale": self.opts.gan_head_lr_scale}
+            )
         return groups
 
     @property
@@ -359,9 +367,28 @@ class DistributionMatching:
     def extra_generator_losses(
         self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator
     ) -> dict[str, torch.Tensor]:
-        """A subclass's weighted losses added to the student's distribution-matching loss (logged as
-        ``loss_<name>``); none by default."""
-        return {}
+        """Weighted losses added to the student's distribution-matching loss (logged as ``loss_<name>``):
+        the regression onto the teacher's ODE when ``regression_weight`` is set."""
+        if not self.opts.regression_weight:
+            return {}
+        return {"regression": self.opts.regression_weight * self.regression_loss(embeds, gen)}
+
+    def regression_loss(self, embeds: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """The student's error against :meth:`teacher_sample` of fresh noise, as the method samples."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def teacher_sample(self, noise: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """The teacher's sample from ``noise``: its flow ODE by Euler in ``regression_steps`` at its own
+        flow shift, guidance 1."""
+        s = float(self.teacher_defaults.flow_shift)
+        u = torch.linspace(1, 0, self.opts.regression_steps + 1)
+        sigmas = (s * u / (1 + (s - 1) * u)).tolist()
+        x = noise
+        for a, b in zip(sigmas[:-1], sigmas[1:], strict=False):
+            v = self.adapter.velocity(self.teacher, x, torch.full((x.shape[0],), a), embeds)
+            x = x + (b - a) * v.float()
+        return x
 
     def after_generator_step(self, update: int) -> None:
         """A subclass's work after each student update (an EMA)."""

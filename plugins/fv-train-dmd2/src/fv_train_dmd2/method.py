@@ -19,6 +19,8 @@ step first, TTUR):
   sample is ``(fake - real) / mean|sample - real|`` (per sample), applied as
   ``0.5 * ||sample - sg(sample - grad)||^2``;
 * critic loss: flow matching (velocity target ``noise - x0``) on the detached sample at a random level;
+* regression (when ``regression_weight`` is set, DMD's regression loss): the student's x0 against the
+  teacher's own sample of the same noise (its ODE, :meth:`teacher_sample`);
 * GAN term (when ``gan_data`` and its weights are set): a head on the critic's last hidden states tells
   real clips of a registered dataset from the student's samples, both noised to a random level; the
   critic and head learn it, the student learns to fool it.
@@ -91,6 +93,16 @@ class DMD2Method(DistributionMatching):
                 x = (1 - nxt) * x0 + nxt * torch.randn(x0.shape, generator=gen)
         return x
 
+    def regression_loss(self, embeds: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """Mean squared error of the student's x0 against the teacher's sample of the same noise, at a
+        random step of its schedule: from that noise at the first step, from the sample re-noised later."""
+        noise = self.adapter.noise(embeds.shape[0], gen)
+        target = self.teacher_sample(noise, embeds)
+        k = int(torch.randint(len(self.opts.timesteps), (1,), generator=gen))
+        sigma = self.sigmas[k]
+        x = noise if k == 0 else (1 - sigma) * target + sigma * torch.randn(target.shape, generator=gen)
+        return torch.nn.functional.mse_loss(self.student_x0(x, k, embeds, train=True), target)
+
     def sample(self, embeds: torch.Tensor, gen: torch.Generator, grad: bool) -> torch.Tensor:
         """A generated sample: the student's x0 at a random step of a simulated rollout."""
         k = int(torch.randint(len(self.opts.timesteps), (1,), generator=gen))
@@ -137,6 +149,8 @@ class DMD2Method(DistributionMatching):
             "steps_done": self.steps_done,
             "batch_size": self.cfg.batch_size,
             "student_init": str(self.opts.student_weights) if self.opts.student_weights else "teacher",
+            "regression_weight": self.opts.regression_weight,
+            "regression_steps": self.opts.regression_steps,
             "gan_loss": self.opts.gan,
             **(
                 {

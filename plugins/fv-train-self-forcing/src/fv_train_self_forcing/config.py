@@ -27,12 +27,6 @@ class SelfForcingOptions(DMDOptions):
     sink_frames: int = Field(1, ge=0)  # first latent frames the rolling window always keeps
     ema_decay: float = Field(0.99, ge=0, lt=1)  # EMA of the student, updated after each generator step
     ema_start: int = Field(0, ge=0)  # generator updates before the EMA starts (it copies until then)
-    # Regression onto the teacher's ODE (CausVid's initialisation, here beside DMD; 0 = off): the student,
-    # fed the teacher's own clean chunks as context, predicts the teacher's sample from the noise it came
-    # from (first step) or from it re-noised (later steps), which ties the student's map from noise to
-    # video to the teacher's (where things start, how squares look), not only its distribution.
-    regression_weight: float = Field(0.0, ge=0)
-    regression_steps: int = Field(30, ge=1)  # Euler steps of the teacher's ODE per regression pair
 
     @model_validator(mode="after")
     def _window(self) -> SelfForcingOptions:

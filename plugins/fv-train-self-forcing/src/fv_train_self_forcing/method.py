@@ -185,26 +185,6 @@ class SelfForcingMethod(DistributionMatching):
 
     # ---- the regression onto the teacher's ODE (options.regression_weight) ----
 
-    def extra_generator_losses(
-        self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator
-    ) -> dict[str, torch.Tensor]:
-        if not self.opts.regression_weight:
-            return {}
-        return {"regression": self.opts.regression_weight * self.regression_loss(embeds, gen)}
-
-    @torch.no_grad()
-    def teacher_sample(self, noise: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """The teacher's sample from ``noise``: its flow ODE by Euler in ``regression_steps`` at its own
-        flow shift, bidirectional over the whole video, guidance 1."""
-        s = float(self.teacher_defaults.flow_shift)
-        u = torch.linspace(1, 0, self.opts.regression_steps + 1)
-        sigmas = (s * u / (1 + (s - 1) * u)).tolist()
-        x = noise
-        for a, b in zip(sigmas[:-1], sigmas[1:], strict=False):
-            v = self.adapter.velocity(self.teacher, x, torch.full((x.shape[0],), a), embeds)
-            x = x + (b - a) * v.float()
-        return x
-
     def regression_loss(self, embeds: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         """Mean squared error of the student's x0 against the teacher's sample, per chunk at a random fixed
         step, teacher-forced: the context holds the teacher's earlier chunks, written as the loop writes."""
