@@ -209,11 +209,6 @@ class DistributionMatching:
             dim = self.adapter.features(self.critic, real, torch.ones(1), self.embeds[:1]).shape[-1]
         return GANHead(dim)
 
-    def critic_parameters(self) -> list[torch.nn.Parameter]:
-        """What the critic's optimiser trains: the fake score and the GAN head."""
-        head = list(self.gan_head.parameters()) if self.gan_head is not None else []
-        return list(self.critic.parameters()) + head
-
     def critic_groups(self) -> list[dict[str, Any]]:
         """The critic optimiser's parameter groups: the fake score, and the GAN head at its own scale."""
         groups: list[dict[str, Any]] = [{"params": list(self.critic.parameters())}]
@@ -294,9 +289,9 @@ class DistributionMatching:
         logit_fake = self.discriminate(x0.detach(), embeds, gen)
         loss = F.softplus(-logit_real).mean() + F.softplus(logit_fake).mean()
         return {
-            "loss": loss,
-            "real_logit": logit_real.mean().detach(),
-            "fake_logit": logit_fake.mean().detach(),
+            "loss_gan_critic": loss,
+            "gan_real_logit": logit_real.mean().detach(),
+            "gan_fake_logit": logit_fake.mean().detach(),
         }
 
     # ---- the step: a critic update, and first a generator update every few steps (TTUR) ----
@@ -319,11 +314,12 @@ class DistributionMatching:
         total = loss_c
         if self.gan_head is not None:
             terms = self.critic_gan_loss(x0, embeds, step, gen)
-            total = loss_c + self.opts.gan_critic_weight * terms["loss"]
-            gan = {f"gan_{k}" if k != "loss" else "loss_gan_critic": v.item() for k, v in terms.items()}
+            total = loss_c + self.opts.gan_critic_weight * terms["loss_gan_critic"]
+            gan = {name: value.item() for name, value in terms.items()}
         self.opt_c.zero_grad(set_to_none=True)
         total.backward()
-        norm_c = torch.nn.utils.clip_grad_norm_(self.critic_parameters(), self.cfg.optim.grad_clip)
+        trained = [p for group in self.opt_c.param_groups for p in group["params"]]
+        norm_c = torch.nn.utils.clip_grad_norm_(trained, self.cfg.optim.grad_clip)
         self.opt_c.step()
         return {
             "loss": loss_c.item(),
