@@ -14,7 +14,7 @@ import fv_core
 from fv_core import ConfigError, Profile, WorkUnitKind
 from fv_core.loop.runner import run_plan
 from fv_core.plugins import PluginHost
-from fv_core.training import Consistency, Role, train, validate
+from fv_core.training import Consistency, Role, load_records, records_equal, save_records, train, validate
 from fv_train_nft import plugin
 from fv_train_nft.config import NftOptions
 from fv_train_nft.loss import advantages, nft_loss, old_decay, optimality
@@ -87,6 +87,28 @@ def test_steps_give_finite_losses_and_move_only_the_student(stepped):
     assert method.adapter.module("transformer") is method.roles[Role.OLD]["transformer"]
     # and step 1's rollouts ran on the old policy after step 0's update (its bumped weights version)
     assert method.versions == ["nft-old-1"] * 4 and method.old_version == "nft-old-2"
+
+
+def test_rollouts_run_through_the_core_rollout_and_their_records_round_trip(stepped, tmp_path):
+    """Every rollout video has a BehaviorRecord (content hashes) on the old policy's weights version
+    and with its own seed; saved and reloaded, the records are the same."""
+    method = stepped[0]
+    prompts, seeds = ["a red circle moving left", "a blue square moving up"], [11, 12]
+    method.generate(method.model, prompts, seeds, method.opts.rollout_steps, 1.0)
+    assert [r.seed for r in method.records] == seeds
+    assert all(len(r.steps) > method.opts.rollout_steps for r in method.records)  # denoise steps and more
+    assert {r.weights_versions["transformer"] for r in method.records} == set(method.versions)
+    loaded = load_records(save_records(tmp_path / "records", method.records))
+    assert all(records_equal(a, b) for a, b in zip(loaded, method.records, strict=True))
+    opts = method.opts
+    method.opts = opts.model_copy(update={"save_records": True})
+    try:
+        method.rollout(7)  # save_records: each step's records under output_dir/rollouts/
+    finally:
+        method.opts = opts
+    saved = load_records(Path(method.cfg.output_dir) / "rollouts" / "step-000007")
+    assert all(records_equal(a, b) for a, b in zip(saved, method.records, strict=True))
+    assert len(saved) == method.opts.prompts_per_step * method.opts.group_size
 
 
 def test_old_policy_moves_by_the_decay_rule_exactly(stepped):

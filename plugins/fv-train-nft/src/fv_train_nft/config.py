@@ -35,6 +35,7 @@ class NftOptions(StrictModel):
     # within-group std; None: all): groups whose videos all score alike carry no advantage to learn
     train_groups: int | None = Field(None, gt=0)
     rollout_steps: int = Field(10, gt=0)  # ODE steps of the old policy's rollouts (the card's sampler)
+    save_records: bool = False  # write each step's rollout records under output_dir/rollouts/step-N
     # CFG scale of each group's rollouts, cycled over the step's groups ([1.0]: no CFG, as published).
     # A group rolled out at g > 1 trains the guided velocity v_u + g (v_c - v_u) of the student (cond
     # and unconditional branches, the card's negative prompt), of the old policy and of the reference

@@ -5,8 +5,10 @@ One optimisation step (``step``), as published:
 
 1. Rollout. The OLD policy samples ``group_size`` videos for each of ``prompts_per_step`` prompts
    with the card's own ODE sampler and no CFG (guidance 1, as published; ``rollout_guidance`` cycles
-   CFG scales over the groups): real requests through ``model.prepare`` / ``model.job`` and
-   ``fv_core.Engine.run_batched``, on a loaded model whose live transformer *is* the old role. Seeds
+   CFG scales over the groups): real requests through the core's ``rollout`` (the serve engine under
+   the rollout profile, one ``BehaviorRecord`` per video: content hashes of every step, its seed and
+   weights versions; kept under ``output_dir/rollouts/`` with ``save_records``), on a loaded model whose
+   live transformer *is* the old role. Seeds
    are a function of (config seed, step, sample), so a resumed run rolls out the same videos.
 2. Reward. The reward plugin (``fv_core.training.load_reward``, e.g. ``shapes-detector``) scores
    the decoded frames against their prompts.
@@ -54,7 +56,9 @@ from fv_core.training import (
     load_optimizer,
     load_reward,
     make_optimizer,
+    rollout,
     save_optimizer,
+    save_records,
     set_lr,
     train_adapter,
     validate_options,
@@ -142,12 +146,13 @@ class NftMethod:
         """(clean latents [N, ...], frames [N, F, H, W, 3]) of ``model`` through the serve engine (one
         CFG scale, or one per video); ``self.versions`` the transformer weights version each ran on."""
         scales = guidance if isinstance(guidance, list) else [guidance] * len(prompts)
-        jobs = [
-            model.job(model.prepare({**self.request_params(steps, g), "prompt": p, "seed": s}))
+        requests = [
+            {**self.request_params(steps, g), "prompt": p, "seed": s}
             for p, s, g in zip(prompts, seeds, scales, strict=True)
         ]
-        with torch.inference_mode():
-            results = fv_core.Engine(max_batch_rows=64).run_batched(jobs)
+        rollouts = rollout(model, requests, max_batch_rows=64, refs=True)
+        self.records = [r.record for r in rollouts]
+        results = [r.result for r in rollouts]
         latents = torch.cat(
             [r.outputs["latents"].reshape(1, *r.outputs["latents"].shape[-4:]) for r in results]
         )
@@ -168,6 +173,8 @@ class NftMethod:
         base = 10_000 + (self.cfg.seed * 7919 + step) * SEED_STRIDE
         seeds = [base + i for i in range(len(prompts))]
         latents, frames = self.generate(self.model, prompts, seeds, self.opts.rollout_steps, guidance)
+        if self.opts.save_records:
+            save_records(Path(self.cfg.output_dir) / "rollouts" / f"step-{step:06d}", self.records)
         if self.old_version is not None and set(self.versions) != {self.old_version}:
             raise RuntimeError(
                 f"rollouts ran on transformer versions {sorted(map(str, set(self.versions)))}, not the old "
