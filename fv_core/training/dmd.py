@@ -69,6 +69,7 @@ class DMDOptions(StrictModel):
     gan_generator_weight: float = Field(0.0, ge=0)
     gan_critic_weight: float = Field(0.0, ge=0)
     gan_head_lr_scale: float = Field(1.0, gt=0)  # the fresh head's learning rate over the critic's
+    gan_max_sigma: float | None = Field(None, gt=0, lt=1)  # the GAN's noise levels' top (default max_sigma)
 
     @field_validator("timesteps")
     @classmethod
@@ -88,6 +89,11 @@ class DMDOptions(StrictModel):
             raise ValueError(
                 f"min_sigma={self.min_sigma} must be below max_sigma={self.max_sigma}. Fix: e.g. "
                 "min_sigma: 0.02, max_sigma: 0.98"
+            )
+        if self.gan_max_sigma is not None and self.gan_max_sigma <= self.min_sigma:
+            raise ValueError(
+                f"gan_max_sigma={self.gan_max_sigma} must be above min_sigma={self.min_sigma}. Fix: e.g. "
+                "gan_max_sigma: 0.3"
             )
         weighted = self.gan_generator_weight > 0 or self.gan_critic_weight > 0
         if weighted != (self.gan_data is not None):
@@ -272,8 +278,10 @@ class DistributionMatching:
     # ---- the GAN term ----
 
     def discriminate(self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """The GAN head's logits [B] of ``x0`` noised to a random level (real: positive)."""
-        sigma = self.draw_sigmas(x0.shape[0], gen)
+        """The GAN head's logits [B] of ``x0`` noised to a random level up to ``gan_max_sigma`` (real:
+        positive)."""
+        top = self.opts.gan_max_sigma or self.opts.max_sigma
+        sigma = draw_sigmas(x0.shape[0], self.opts.min_sigma, top, self.opts.shift, gen)
         noisy = noised(x0, sigma, torch.randn(x0.shape, generator=gen))
         assert self.gan_head is not None
         return self.gan_head(self.adapter.features(self.critic, noisy, sigma, embeds, train=True))

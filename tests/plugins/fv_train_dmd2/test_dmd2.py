@@ -131,6 +131,7 @@ GAN = {
     "gan_generator_weight": 0.5,
     "gan_critic_weight": 1.0,
     "gan_head_lr_scale": 10.0,
+    "gan_max_sigma": 0.5,
 }
 
 
@@ -152,9 +153,21 @@ def test_the_gan_term_trains_its_head_on_real_clips_and_resumes(prompts, tmp_pat
     assert any(not torch.equal(a, b) for a, b in zip(head, method.gan_head.parameters(), strict=True))
     critic_group, head_group = method.opt_c.param_groups
     assert head_group["lr"] == 10.0 * critic_group["lr"] > 0
-    x0 = method.adapter.noise(2, torch.Generator().manual_seed(1)).requires_grad_(True)
-    method.discriminate(x0, method.embeds[:2], torch.Generator().manual_seed(2)).sum().backward()
+    sigmas: list[torch.Tensor] = []
+    features = method.adapter.features
+
+    def recording(transformer, latents, sigma, embeds, train=False):
+        sigmas.append(sigma)
+        return features(transformer, latents, sigma, embeds, train)
+
+    method.adapter.features = recording
+    x0 = method.adapter.noise(64, torch.Generator().manual_seed(1)).requires_grad_(True)
+    method.discriminate(
+        x0, method.embeds[:1].expand(64, -1, -1), torch.Generator().manual_seed(2)
+    ).sum().backward()
+    method.adapter.features = features
     assert x0.grad is not None and x0.grad.abs().sum() > 0
+    assert 0.02 <= sigmas[0].min() and sigmas[0].max() <= 0.75  # gan_max_sigma 0.5 under shift 3
     recipe = json.loads((out / "final" / "fv_recipe.json").read_text())
     assert (
         recipe["gan_loss"] is True and recipe["gan_data"] == "shapes" and recipe["student_init"] == "teacher"
@@ -175,6 +188,7 @@ def test_the_gan_term_trains_its_head_on_real_clips_and_resumes(prompts, tmp_pat
     [
         ({"gan_data": "shapes"}, r"gan_data='shapes' with gan_generator_weight=0.0.*needs both.*Fix"),
         ({"gan_critic_weight": 1.0}, r"gan_data=None with .*gan_critic_weight=1.0.*Fix"),
+        ({"gan_max_sigma": 0.01}, r"gan_max_sigma=0.01 must be above min_sigma=0.02.*Fix"),
         (
             {"gan_data": "shapes", "gan_critic_weight": 1.0},  # the tiny teacher samples 5 frames of 32x32
             r"gan_data='shapes' gives clips of latent shape \[1, 16, 3, 8, 8\], the student samples "
