@@ -79,12 +79,7 @@ class WanTrainAdapter:
         embeds: torch.Tensor,
         train: bool = False,
     ) -> torch.Tensor:
-        kv_plan = _plan(WorkUnitKind.ENCODER_CHUNK, text_kv_body, transformer, {"text": embeds})
-        kv = run_body(kv_plan, train)["kv"]
-        inputs = {"latents": latents, "timestep": sigma * self.num_train_timesteps, "kv": kv}
-        return run_body(_plan(WorkUnitKind.DIFFUSION_STEP, denoise_body, transformer, inputs), train)[
-            "velocity"
-        ]
+        return self._denoise(denoise_body, transformer, latents, sigma, embeds, train)["velocity"]
 
     def features(
         self,
@@ -96,11 +91,13 @@ class WanTrainAdapter:
     ) -> torch.Tensor:
         """Every token's hidden state [B, tokens, dim] after the last block of the denoise forward (what
         a discriminator head on a critic reads)."""
+        return self._denoise(features_body, transformer, latents, sigma, embeds, train)["features"]
+
+    def _denoise(self, body: Any, transformer: torch.nn.Module, latents, sigma, embeds, train: bool) -> Any:
+        """``body`` (the denoise body or its trunk) at noise level ``sigma`` over the prompt's text K/V."""
         kv = self.text_kv(transformer, embeds, train)
         inputs = {"latents": latents, "timestep": sigma * self.num_train_timesteps, "kv": kv}
-        return run_body(_plan(WorkUnitKind.DIFFUSION_STEP, features_body, transformer, inputs), train)[
-            "features"
-        ]
+        return run_body(_plan(WorkUnitKind.DIFFUSION_STEP, body, transformer, inputs), train)
 
     # ---- the causal loop's pieces (fv_wan.causal_loop.CausalWanLoop) ----
 
