@@ -13,6 +13,7 @@ import torch
 import fv_core
 from fv_core import ConfigError, hookimpl
 from fv_core.cli import main
+from fv_core.errors import UnknownKeyError
 from fv_core.plugins import PluginHost
 from fv_core.training import (
     Consistency,
@@ -20,6 +21,7 @@ from fv_core.training import (
     Role,
     RoleSpec,
     adapter_class,
+    load_dataset,
     load_reward,
     train,
     train_adapter,
@@ -105,9 +107,28 @@ def fv_register_rewards(register):
     register("brightness", lambda: brightness)
 
 
-def test_adapter_and_reward_registration_through_hooks():
+class Stripes:
+    """Clip ``index`` of any seed: a video whose every value is ``index``, captioned with it."""
+
+    def batch(self, seed: int, index: int, size: int) -> tuple[torch.Tensor, list[str]]:
+        values = torch.arange(index, index + size, dtype=torch.float32)
+        return values.view(-1, 1, 1, 1, 1).expand(size, 3, 1, 2, 2), [
+            f"clip {i}" for i in range(index, index + size)
+        ]
+
+
+@hookimpl
+def fv_register_datasets(register):
+    register("stripes", Stripes)
+
+
+def test_adapter_reward_and_dataset_registration_through_hooks():
     host = PluginHost({})
-    hooks = {"fv_register_trainers": fv_register_trainers, "fv_register_rewards": fv_register_rewards}
+    hooks = {
+        "fv_register_trainers": fv_register_trainers,
+        "fv_register_rewards": fv_register_rewards,
+        "fv_register_datasets": fv_register_datasets,
+    }
     host.add(types.SimpleNamespace(**hooks), "fv-toy")
     host.collect()
     assert adapter_class("toy", host) is ToyAdapter
@@ -116,6 +137,11 @@ def test_adapter_and_reward_registration_through_hooks():
     assert adapter.model is model and adapter.defaults == {"max_sequence_length": 4}
     reward = load_reward("brightness", host)
     assert reward(torch.ones(2, 1, 2, 2, 3), ["a", "b"]).tolist() == [1.0, 1.0]
+    video, captions = load_dataset("stripes", host).batch(0, 3, 2)
+    assert video.shape == (2, 3, 1, 2, 2) and video[:, 0, 0, 0, 0].tolist() == [3.0, 4.0]
+    assert captions == ["clip 3", "clip 4"]
+    with pytest.raises(UnknownKeyError, match="unknown datasets key 'bogus'. Available: 'stripes'.*Fix"):
+        load_dataset("bogus", host)
     with pytest.raises(ConfigError, match=r"family 'ltx2' has no training adapter.*\['toy'\].*Fix:"):
         adapter_class("ltx2", host)
 
