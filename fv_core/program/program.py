@@ -49,14 +49,17 @@ class Program:
         )
 
     def combine(self, results: dict[str, LoopResult]) -> LoopResult:
-        """Program result: the last stage's outputs; per-stage metrics and behaviour by stage name."""
+        """Program result: the last stage's outputs; per-stage metrics and behaviour by stage name; the
+        weights versions the stages ran on."""
         last = results[self.stages[-1].name]
         behaviors = {k: r.behavior for k, r in results.items() if r.behavior is not None}
+        versions = {k: v for r in results.values() for k, v in r.metrics.get("weights_versions", {}).items()}
         return LoopResult(
             outputs=dict(last.outputs),
             metrics={
                 "stages": {k: r.metrics for k, r in results.items()},
                 "steps": sum(r.metrics.get("steps", 0) for r in results.values()),
+                **({"weights_versions": versions} if versions else {}),
             },
             behavior=behaviors or None,
         )

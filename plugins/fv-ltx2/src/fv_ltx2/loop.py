@@ -8,6 +8,10 @@ audio<->video cross-attention). Branches whose scales make them a no-op are not 
 outputs are combined in x0 space with per-modality scales and rescale, as diffusers' LTX2Pipeline
 combines them, then both latents take one flow-match Euler step on the schedule LTX-2's scheduler
 config gives (dynamic shift from the video token count; float sigmas when the request gives them).
+
+A request pins its components' weights versions at init (a program's later stages keep the first
+stage's) and runs on those modules to the end, whatever weight sync lands meanwhile; the versions are
+part of its batch keys and text cache keys.
 """
 
 from __future__ import annotations
@@ -173,7 +177,11 @@ class LTX2Loop:
             )
         gen = torch.Generator(device="cpu").manual_seed(p.seed)  # CPU noise, as diffusers draws it
         state = LoopState(request.request_id, self.loop_id, total_steps=p.num_inference_steps, generator=gen)
-        audio_vae, transformer = inst.component("audio_vae"), inst.component("transformer")
+        # the weights it runs on to the end (a program's later stages: those its first stage pinned)
+        state.values["weights_versions"] = dict(
+            request.carry.get("weights_versions") or inst.weights_versions
+        )
+        audio_vae, transformer = self._module(state, "audio_vae"), self._module(state, "transformer")
         grid, audio_frames = self._sizes(request)
         mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
         scales = p.audio_scales
@@ -188,8 +196,8 @@ class LTX2Loop:
             ),
             stg_blocks=list(p.spatio_temporal_guidance_blocks), cache_hits=0,
             latents_out=bool(request.carry.get("latents_out")),
-            # what a rollout's BehaviorRecord keeps besides each step's inputs and outputs
-            weights_versions=dict(inst.weights_versions), conditioning=["video_text", "audio_text", "text_mask"],
+            # what a rollout's BehaviorRecord keeps besides each step's inputs, outputs and weights_versions
+            conditioning=["video_text", "audio_text", "text_mask"],
         )  # fmt: skip
         self._tokenize(inst, state, p)
         self._start_latents(state, request, grid, audio_frames)
@@ -208,8 +216,8 @@ class LTX2Loop:
 
     def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
         """Packed noise for the video and audio latents (the generator's first draws, as diffusers')."""
-        inst, gen = self.instance, state.generator
-        vae, audio_vae, transformer = (inst.component(n) for n in ("vae", "audio_vae", "transformer"))
+        gen = state.generator
+        vae, audio_vae, transformer = (self._module(state, n) for n in ("vae", "audio_vae", "transformer"))
         noise = torch.randn((1, vae.config.latent_channels, *grid), generator=gen, dtype=torch.float32)
         audio = torch.randn(
             (1, audio_vae.config.latent_channels, audio_frames, state.values["mel"]), generator=gen
@@ -268,9 +276,14 @@ class LTX2Loop:
             ids = state.tensors["input_ids"]
             return WorkPlan(
                 kind=WorkUnitKind.ENCODER_CHUNK,
-                body=partial(encode_body, inst.component("text_encoder"), inst.component("connectors")),
+                body=partial(encode_body, *(self._module(state, n) for n in ("text_encoder", "connectors"))),
                 inputs={"input_ids": ids, "mask": state.tensors["mask"]},
-                batch_key=BatchKey(f"{inst.instance_id}/text", "encode", (ids.shape[1],), precision),
+                batch_key=BatchKey(
+                    self._on(state, "text", "text_encoder", "connectors"),
+                    "encode",
+                    (ids.shape[1],),
+                    precision,
+                ),
                 batch_size=ids.shape[0],
                 label="encode prompt",
             )
@@ -282,10 +295,13 @@ class LTX2Loop:
             audio = state.tensors["audio_latents"]
             return WorkPlan(
                 kind=WorkUnitKind.AUDIO_CHUNK,
-                body=partial(decode_audio_body, inst.component("audio_vae"), inst.component("vocoder")),
+                body=partial(decode_audio_body, *(self._module(state, n) for n in ("audio_vae", "vocoder"))),
                 inputs={"audio_latents": audio, "latent_mel_bins": state.values["mel"]},
                 batch_key=BatchKey(
-                    f"{inst.instance_id}/audio_vae", "audio_decode", tuple(audio.shape[1:]), precision
+                    self._on(state, "audio_vae", "audio_vae", "vocoder"),
+                    "audio_decode",
+                    tuple(audio.shape[1:]),
+                    precision,
                 ),
                 label="audio decode",
             )
@@ -320,7 +336,8 @@ class LTX2Loop:
             "text_cache_hits": v["cache_hits"],
             "branches": v["branches"],
             "kernels": {"attention": "sdpa"},
-            **self._extra_metrics(),
+            "weights_versions": dict(v["weights_versions"]),  # pinned at init: what it ran on
+            **self._extra_metrics(state),
         }
         if v["latents_out"]:
             return LoopResult(self._latents(state), metrics)
@@ -333,14 +350,14 @@ class LTX2Loop:
         }
         return LoopResult(outputs, metrics)
 
-    def _extra_metrics(self) -> dict[str, Any]:
+    def _extra_metrics(self, state: LoopState) -> dict[str, Any]:
         return {}
 
     def _latents(self, state: LoopState) -> dict[str, torch.Tensor]:
         """Denormalized video latents [1, C, F, H, W] and audio latents [1, C, L, mel], as diffusers'
         ``output_type="latent"`` hands them to the next stage."""
-        inst, t = self.instance, state.tensors
-        vae, audio_vae, transformer = (inst.component(n) for n in ("vae", "audio_vae", "transformer"))
+        t = state.tensors
+        vae, audio_vae, transformer = (self._module(state, n) for n in ("vae", "audio_vae", "transformer"))
         video = unpack(
             t["latents"],
             *state.values["grid"],
@@ -375,14 +392,29 @@ class LTX2Loop:
             CacheKey.of(
                 inst.card.model_id,
                 "connectors",
-                inst.weights_versions["connectors"] + inst.weights_versions["text_encoder"],
+                self._pin(state, "connectors"),
                 ids[i],
                 mask[i],
                 max_length=int(ids.shape[-1]),
                 precision=str(inst.dtype),
+                text_encoder_version=self._pin(state, "text_encoder"),
             )
             for i in range(ids.shape[0])
         ]
+
+    def _pin(self, state: LoopState | None, component: str) -> str | None:
+        """The weights version of ``component`` the request pinned at init (None: the live one)."""
+        return (state.values.get("weights_versions", {}) if state is not None else {}).get(component)
+
+    def _module(self, state: LoopState | None, component: str) -> Any:
+        """``component`` on the weights the request pinned (a weight sync since leaves it on them)."""
+        return self.instance.component(component, self._pin(state, component))
+
+    def _on(self, state: LoopState, label: str, *components: str) -> str:
+        """Batch-key instance of plans on the pinned weights of ``components`` (default: ``label``'s);
+        plans on other versions never share a call."""
+        versions = "+".join(state.values["weights_versions"][c] for c in components or (label,))
+        return f"{self.instance.instance_id}@{versions}/{label}"
 
     def _branch_plan(self, state: LoopState, precision: str) -> WorkPlan:
         """The transformer call of the step's next branch."""
@@ -410,7 +442,7 @@ class LTX2Loop:
         }
         shapes = tuple(tuple(x.shape[1:]) for x in inputs.values() if x is not None)
         graph = f"{type(self).__name__}:{branch}:{sorted(statics.items(), key=str)}"
-        body = self._denoise(statics, branch)
+        body = self._denoise(statics, branch, self._pin(state, "transformer"))
         plan = (
             inst.parallel.plan.id
             if isinstance(body, partial) and body.func is parallel_denoise_body
@@ -421,7 +453,7 @@ class LTX2Loop:
             body=body,
             inputs=inputs,
             batch_key=BatchKey(
-                f"{inst.instance_id}/transformer",
+                self._on(state, "transformer"),
                 "diffusion_denoise",
                 shapes,
                 precision,
@@ -442,11 +474,12 @@ class LTX2Loop:
             return {"timestep": timestep}
         return {"timestep": timestep.unsqueeze(-1) * (1 - t["conditioning_mask"]), "audio_timestep": timestep}
 
-    def _denoise(self, statics: dict[str, Any], branch: str):
-        """The step body of one branch call: on the instance's parallel group when it has one."""
+    def _denoise(self, statics: dict[str, Any], branch: str, version: str | None = None):
+        """The step body of one branch call on ``version`` of the transformer (None: the live one): on the
+        instance's parallel group when it has one (it takes no weight syncs)."""
         if self.instance.parallel is not None:
             return partial(parallel_denoise_body, self.instance.parallel, statics, branch)
-        return partial(denoise_body, self.instance.component("transformer"), statics, branch)
+        return partial(denoise_body, self.instance.component("transformer", version), statics, branch)
 
     def replay_plan(self, record: Any, step: Any) -> WorkPlan:
         """A recorded denoise branch call (``record.steps[i]``) as a plan on this instance's live weights:
@@ -498,8 +531,8 @@ class LTX2Loop:
             v["phase"] = "done" if v["latents_out"] else "decode_video"
 
     def _decode_video_plan(self, state: LoopState, precision: str) -> WorkPlan:
-        inst, t = self.instance, state.tensors
-        vae, transformer = inst.component("vae"), inst.component("transformer")
+        t = state.tensors
+        vae, transformer = self._module(state, "vae"), self._module(state, "transformer")
         latents = unpack(
             t["latents"],
             *state.values["grid"],
@@ -515,7 +548,7 @@ class LTX2Loop:
             kind=WorkUnitKind.VAE_TILE,
             body=partial(decode_video_body, vae),
             inputs=inputs,
-            batch_key=BatchKey(f"{inst.instance_id}/vae", "vae_decode", tuple(latents.shape[1:]), precision),
+            batch_key=BatchKey(self._on(state, "vae"), "vae_decode", tuple(latents.shape[1:]), precision),
             label="video decode",
         )
 
@@ -533,23 +566,25 @@ class LTX2RefineLoop(LTX2Loop):
     block_seam = False  # 3 distilled steps (nothing to cache) on LoRA-merged weights
     schedule_overrides = {"use_dynamic_shifting": False, "shift_terminal": None}
 
-    def _extra_metrics(self) -> dict[str, Any]:
-        return {"refine_lora": bool(self.instance.refine_weights())}
+    def _extra_metrics(self, state: LoopState) -> dict[str, Any]:
+        return {"refine_lora": bool(self.instance.refine_weights(self._pin(state, "transformer")))}
 
-    def _denoise(self, statics: dict[str, Any], branch: str):
-        """With the card's refine LoRA shipped in the folder, the transformer runs with it merged."""
-        weights = self.instance.refine_weights()
+    def _denoise(self, statics: dict[str, Any], branch: str, version: str | None = None):
+        """With the card's refine LoRA shipped in the folder, the transformer runs with it merged (into
+        ``version``'s weights)."""
+        weights = self.instance.refine_weights(version)
         if not weights:
-            return super()._denoise(statics, branch)
-        return partial(lora_denoise_body, self.instance.component("transformer"), weights, statics, branch)
+            return super()._denoise(statics, branch, version)
+        transformer = self.instance.component("transformer", version)
+        return partial(lora_denoise_body, transformer, weights, statics, branch)
 
     def _sizes(self, request) -> tuple[tuple[int, int, int], int]:
         video, audio = request.carry["latents"], request.carry["audio_latents"]
         return tuple(video.shape[2:]), audio.shape[2]  # type: ignore[return-value]
 
     def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
-        inst, gen, scale = self.instance, state.generator, request.carry["noise_scale"]
-        vae, audio_vae, transformer = (inst.component(n) for n in ("vae", "audio_vae", "transformer"))
+        gen, scale = state.generator, request.carry["noise_scale"]
+        vae, audio_vae, transformer = (self._module(state, n) for n in ("vae", "audio_vae", "transformer"))
         video = request.carry["latents"].float()
         shape = (1, -1, 1, 1, 1)
         mean, std = vae.latents_mean.view(shape).to(video), vae.latents_std.view(shape).to(video)
@@ -584,6 +619,8 @@ class LTX2UpsampleLoop:
 
     def init(self, request, instance=None, ctx=None) -> LoopState:
         state = LoopState(request.request_id, "upsample", total_steps=1)
+        # the program's weights versions, held while the upsampler runs so the refine stage finds them
+        state.values["weights_versions"] = dict(request.carry["weights_versions"])
         state.tensors.update(latents=request.carry["latents"], audio_latents=request.carry["audio_latents"])
         return state
 
@@ -659,19 +696,19 @@ class LTX2ImageLoop(LTX2Loop):
         return processor.preprocess(pil, height=p.height, width=p.width).to(torch.float32)
 
     def _encode_image_plan(self, state: LoopState, precision: str) -> WorkPlan:
-        inst, image = self.instance, state.tensors["image"]
+        image = state.tensors["image"]
         return WorkPlan(
             kind=WorkUnitKind.VAE_TILE,
-            body=partial(encode_image_body, inst.component("vae")),
+            body=partial(encode_image_body, self._module(state, "vae")),
             inputs={"image": image},
-            batch_key=BatchKey(f"{inst.instance_id}/vae", "vae_encode", tuple(image.shape[1:]), precision),
+            batch_key=BatchKey(self._on(state, "vae"), "vae_encode", tuple(image.shape[1:]), precision),
             label="encode image",
         )
 
     def _condition(self, state: LoopState, image_latents: torch.Tensor) -> None:
         """The first latent frame becomes the image's (normalized) latents; the mask marks its tokens."""
-        inst, t = self.instance, state.tensors
-        vae, transformer = inst.component("vae"), inst.component("transformer")
+        t = state.tensors
+        vae, transformer = self._module(state, "vae"), self._module(state, "transformer")
         shape = (1, -1, 1, 1, 1)
         mean, std = (
             vae.latents_mean.view(shape).to(image_latents),

@@ -4,6 +4,11 @@ Components load lazily (diffusers' and transformers' own classes, safetensors on
 by every request; the instance also holds the text feature cache (Gemma + connectors outputs per
 prompt), each component's weights version and the scheduler config. On a parallel group
 (``fv_core.load(..., parallel=)``) its denoise calls run on the group's ranks (:mod:`fv_ltx2.parallel`).
+
+Weight sync (``fv_core.training.sync_weights``) comes from the core's ``SyncableComponents``: requests
+pin every component's version at init and look components up by version. The text features go with
+a new text encoder or connectors, the LoRA-merged refine weights with the transformer version they
+were merged into.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import torch
 
 from fv_core import ConfigError, FeatureCache, ModelCard
+from fv_core.live_weights import SyncableComponents
 from fv_core.weights import file_fingerprint, load_component, refuse_pickles, weights_fingerprint
 from fv_ltx2.transformer import unsupported
 
@@ -25,7 +31,7 @@ _IDS = itertools.count()
 WEIGHTED = ("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder")
 
 
-class LTX2Model:
+class LTX2Model(SyncableComponents):
     """Resident components of one LTX-2 card on one checkpoint (the ``instance`` its loop runs on)."""
 
     def __init__(
@@ -57,28 +63,48 @@ class LTX2Model:
         self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
         self.parallel: Any = None  # the ParallelGroup its denoise calls run on (fv_core.load sets it)
         self._components: dict[str, Any] = {}
-        self._refine: dict[str, torch.Tensor] | None = None  # transformer weights with the refine LoRA
+        # transformer version -> its weights with the refine LoRA merged in
+        self._refine: dict[str, dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()
+        self._init_sync()
 
-    def component(self, name: str) -> Any:
-        """The live component ``name``, loaded on first use (normal tensors even under inference mode, so
+    def _load(self, name: str) -> Any:
+        """Component ``name`` from the folder, on the device (normal tensors even under inference mode, so
         training and train-profile replays can use the same instance)."""
-        with self._lock, torch.inference_mode(False):
-            if name not in self._components:
-                module = load_component(self.weights, name, self.card.components[name], self.dtype)
-                self._components[name] = (
-                    module.to(self.device) if isinstance(module, torch.nn.Module) else module
-                )
-            return self._components[name]
+        with torch.inference_mode(False):
+            module = load_component(self.weights, name, self.card.components[name], self.dtype)
+            return module.to(self.device) if isinstance(module, torch.nn.Module) else module
 
-    def refine_weights(self) -> dict[str, torch.Tensor]:
-        """The transformer weights with the card's refine LoRA merged in (``W + alpha/r * B @ A`` per
-        adapted projection), computed once; empty when the folder ships no refine LoRA."""
-        transformer = self.component("transformer")
+    def _syncable(self) -> list[str]:
+        return sorted(WEIGHTED)  # the refine LoRA is a file the refine stage merges, not a module
+
+    def _feature_caches(self) -> tuple[FeatureCache, ...]:
+        return (self.feature_cache,)  # keyed by the connectors' version, with the text encoder's as extra
+
+    def _replace_features(self, component: str, old: str) -> int:
+        """A new text encoder makes every cached text feature stale (they all came from an older one)."""
+        if component == "text_encoder":
+            return self.feature_cache.invalidate()
+        return super()._replace_features(component, old)
+
+    def _drop_features(self, component: str, version: str) -> int:
+        """The refine weights merged into a transformer version go with it, unless a running request
+        still pins it."""
+        if component == "transformer" and (component, version) not in self._retired:
+            with self._lock:
+                self._refine.pop(version, None)
+        return super()._drop_features(component, version)
+
+    def refine_weights(self, version: str | None = None) -> dict[str, torch.Tensor]:
+        """The transformer weights (``version``'s, default the live ones) with the card's refine LoRA
+        merged in (``W + alpha/r * B @ A`` per adapted projection), computed once per version; empty when
+        the folder ships no refine LoRA."""
+        version = version or self.weights_versions["transformer"]
+        transformer = self.component("transformer", version)
         with self._lock:
-            if self._refine is None:
-                self._refine = self._merge_lora(transformer)
-            return self._refine
+            if version not in self._refine:
+                self._refine[version] = self._merge_lora(transformer)
+            return self._refine[version]
 
     def _merge_lora(self, transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
         from diffusers.loaders.lora_pipeline import LTX2LoraLoaderMixin
@@ -130,10 +156,7 @@ class LTX2Model:
         return sorted(self._components)
 
     def resident_bytes(self) -> int:
-        """Bytes of the resident components' parameters and buffers, and of the LoRA-merged refine
-        weights once made (read by admission)."""
-        modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
-        tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())] + list(
-            (self._refine or {}).values()
-        )
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Bytes of the resident components' parameters and buffers (retired versions included), and of
+        the LoRA-merged refine weights once made (read by admission)."""
+        merged = [t for weights in self._refine.values() for t in weights.values()]
+        return self.weights_bytes() + sum(t.numel() * t.element_size() for t in merged)

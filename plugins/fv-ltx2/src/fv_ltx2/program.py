@@ -1,6 +1,7 @@
 """How ``t2av-two-stage`` hands each stage its request: base at half size (latents out), the latent
 upsampler on them, then refine at the requested size on fixed sigmas with guidance off. Latents pass
-between stages in memory (``Request.carry``)."""
+between stages in memory (``Request.carry``), with the weights versions the base stage pinned: the
+whole program runs on the weights it started with, whatever weight sync lands meanwhile."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def base(request: Request, results: dict[str, LoopResult]) -> Request:
 
 def upsample(request: Request, results: dict[str, LoopResult]) -> Request:
     """Stage 1: the base stage's latents."""
-    return replace(request, carry=dict(list(results.values())[-1].outputs))
+    return replace(request, carry={**list(results.values())[-1].outputs, "weights_versions": _pins(results)})
 
 
 def refine(request: Request, results: dict[str, LoopResult]) -> Request:
@@ -37,4 +38,10 @@ def refine(request: Request, results: dict[str, LoopResult]) -> Request:
     sigmas = p.refine_sigmas
     params = p.model_copy(update={"num_inference_steps": len(sigmas), "sigmas": sigmas, **GUIDANCE_OFF})
     scale = p.refine_noise_scale if p.refine_noise_scale is not None else sigmas[0]
-    return replace(request, params=params, carry={**list(results.values())[-1].outputs, "noise_scale": scale})
+    carry = {**list(results.values())[-1].outputs, "noise_scale": scale, "weights_versions": _pins(results)}
+    return replace(request, params=params, carry=carry)
+
+
+def _pins(results: dict[str, LoopResult]) -> dict[str, str]:
+    """The weights versions the base stage pinned at init (later stages keep them)."""
+    return next(iter(results.values())).metrics["weights_versions"]
