@@ -14,6 +14,8 @@ score) and a **critic** (the fake score, initialised from the teacher, trained w
 the student's detached videos): the generator loss is DMD's distribution matching
 (the core's DMD toolkit, ``fv_core.training.dmd``); the critic is updated every trainer step, the student every
 ``critic_steps_per_generator``-th (TTUR), followed by an **EMA** update; the EMA is what is exported.
+With ``regression_weight`` the student also regresses onto the teacher's own ODE samples, teacher-forced
+chunk by chunk (:meth:`SelfForcingMethod.regression_loss`).
 
 Every forward runs the family's serve bodies through its training adapter (``train_adapter``): the
 student's chunk passes are the causal loop's chunk body over a context gathered the way the loop
