@@ -11,6 +11,7 @@ while a running request uses it. A new version drops only the cached features of
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,12 @@ class SyncableComponents:
     (``_feature_caches``) key each entry by the component and version that produced it;
     ``_replace_features`` is where a family drops what else a new version makes stale.
     """
+
+    card: Any
+    weights_versions: dict[str, str]
+    parallel: Any
+    _components: dict[str, Any]
+    _lock: threading.Lock
 
     def _init_sync(self) -> None:
         self._retired: dict[tuple[str, str], Any] = {}  # (component, version) -> replaced module still pinned
