@@ -2,9 +2,12 @@
 PyTorch flow-matching step on diffusers' own modules (the peer: what fv's train-profile step bodies
 cost over calling the modules directly), plus the quality tables the methods' runs measured.
 
-Per method (``flow``, ``dmd2``, ``nft``) the committed config under configs/shapes/ is built as
-``fv train`` builds it (``flow`` finetunes the embedded model instead of a fresh init, so no
-trained VAE folder is needed) and ``step`` is timed after a warm-up; min / median of the repeats.
+Per method (``flow``, ``dmd2`` at 2 and 1 steps, the 1-step one with DMD2's GAN term and with DMD's
+regression, ``self_forcing`` as its shipped stage with the regression, ``nft``) the committed config under
+configs/shapes/ is built as ``fv train`` builds it (``flow`` finetunes the embedded model instead of a
+fresh init, so no trained VAE folder is needed; a config that continues an earlier run's student starts
+from the teacher here, which costs the same) and ``step`` is timed after a warm-up; min / median of the
+repeats.
 The quality tables are copied from bench/results/dmd2_shapes.json and nft_shapes.json (written by
 the methods' own eval runs; see the README). Writes bench/results/train_methods.{json,png}.
 
@@ -33,12 +36,14 @@ RESULTS = REPO / "bench/results"
 CONFIGS = {
     "flow": REPO / "configs/shapes/flow.yaml",
     "dmd2": REPO / "configs/shapes/dmd2_2step.yaml",
+    "dmd2_1step": REPO / "configs/shapes/dmd2_1step.yaml",
+    "dmd2_1step_gan": REPO / "configs/shapes/dmd2_1step_gan.yaml",
+    "dmd2_1step_regression": REPO / "configs/shapes/dmd2_1step_regression.yaml",
+    "self_forcing": REPO / "configs/shapes/self_forcing_stage4.yaml",
     "nft": REPO / "configs/shapes/nft.yaml",
 }
 QUALITY = {"dmd2": RESULTS / "dmd2_shapes.json", "nft": RESULTS / "nft_shapes.json"}
-SMOKE = {  # options that shrink a step for --smoke
-    "flow": {},
-    "dmd2": {},
+SMOKE = {  # options that shrink a step for --smoke (the others' batch size is enough)
     "nft": {"prompts_per_step": 1, "group_size": 2, "rollout_steps": 2, "train_timesteps": 1},
 }
 
@@ -49,8 +54,9 @@ def build(name: str, out: Path, smoke: bool) -> Any:
     options = dict(cfg.options)
     if name == "flow":  # finetune the embedded weights: no trained VAE folder needed
         options = {**options, "vae": None, "init_weights": fv_core.load("wan2.1-t2v-shapes").weights}
+    options.pop("student_weights", None)  # an earlier run's student: the teacher's weights cost the same
     if smoke:
-        options.update(SMOKE[name])
+        options.update(SMOKE.get(name, {}))
     cfg = cfg.model_copy(update={"options": options, "batch_size": 2 if smoke else cfg.batch_size})
     return cfg, load_plugins().registries.methods.get(cfg.method)(cfg)
 
