@@ -15,6 +15,8 @@ DMD2's GAN term (Yin et al. 2024, "Improved Distribution Matching Distillation")
 are: a head (:class:`GANHead`) on the critic's last hidden states of noised samples learns, with the
 critic, to tell real clips (a registered dataset) from the student's samples (non-saturating logistic
 loss); the student learns to fool it. Real data reaches only this term; the rest stays data-free.
+DMD's regression (on with ``regression_weight``): the student against the teacher's own ODE sample of
+the same noise (:meth:`DistributionMatching.teacher_sample`), as each method samples.
 """
 
 from __future__ import annotations
@@ -153,7 +155,8 @@ class GANHead(torch.nn.Module):
 
 class DistributionMatching:
     """The DMD machinery of a method; a subclass sets ``adapter`` and calls :meth:`setup_roles`, and
-    implements ``sample(embeds, gen, grad)`` (the student's samples, x0 [B, ...])."""
+    implements ``sample(embeds, gen, grad)`` (the student's samples, x0 [B, ...]) and
+    ``regression_loss(embeds, gen)`` (its error against :meth:`teacher_sample`, for ``regression_weight``)."""
 
     cfg: TrainConfig
     opts: Any  # a DMDOptions subclass
