@@ -49,9 +49,15 @@ def test_folded_text_kv_unfolds_to_text_kv_bit_for_bit(tiny_path):
 
 
 @pytest.mark.parametrize(
-    "unfold_bytes", [transformer_module.UNFOLD_BYTES, 1], ids=["one_group", "row_by_row"]
+    "unfold_bytes,length",
+    [(transformer_module.UNFOLD_BYTES, None), (1, None), (transformer_module.UNFOLD_BYTES, "longest")],
+    ids=["one_group", "row_by_row", "a_row_holds_every_position"],
 )
-def test_denoise_body_on_a_batch_of_folds_matches_full_keys_values(tiny_path, monkeypatch, unfold_bytes):
+def test_denoise_body_on_a_batch_of_folds_matches_full_keys_values(
+    tiny_path, monkeypatch, unfold_bytes, length
+):
+    """``length="longest"``: the text is cut to the longest prompt's fold, so that row holds every
+    position and only the other rows' zero padding needs filling."""
     monkeypatch.setattr(transformer_module, "UNFOLD_BYTES", unfold_bytes)  # 1: each row unfolds alone
     model = tiny_instance(tiny_path)
     text = _embeds(model, "a cat", "a red car driving in the city at night", "a dog")
@@ -59,8 +65,13 @@ def test_denoise_body_on_a_batch_of_folds_matches_full_keys_values(tiny_path, mo
     latents = torch.randn(3, 16, 2, 4, 6, generator=torch.Generator().manual_seed(0))
     step = {"latents": latents, "timestep": torch.full((3,), 700.0), BLOCKS_INPUT: None}
     with torch.no_grad():
-        full = denoise_body(transformer, {**step, "kv": text_kv(transformer, text)})["velocity"]
+        if length == "longest":
+            text = text[:, : int(folded_text_kv(transformer, text)[1].max())]
         folds = [folded_text_kv(transformer, text[i : i + 1]) for i in range(3)]
+        # each request's own keys/values unfolded (one row's projections can differ from a batch's in the
+        # last bits; the first test pins folding to text_kv row by row)
+        unfolded = [RepeatedTail(kv.narrow(-2, 0, int(n)), text.shape[1], -2).expand() for kv, n in folds]
+        full = denoise_body(transformer, {**step, "kv": torch.cat(unfolded)})["velocity"]
         kv = torch.cat(padded([f[0] for f in folds], 3))  # what the runtime's ragged concatenation makes
         rows = torch.cat([f[1] for f in folds])
         inputs = {**step, "kv": kv, "kv_rows": rows, "kv_length": text.shape[1]}

@@ -99,11 +99,11 @@ class Prepared:
         """Block ``index``'s text keys/values [B, 2, L, dim] (of batch ``rows``), unfolded when ``kv`` is
         folded: each row repeats its last held position up to ``kv_length``."""
         kv = self.kv[rows, index]
+        if self.kv_rows is not None:  # a batch of folds: padding rows first (even when one row holds all)
+            kv = fill_folded(kv, self.kv_rows[rows])
         held = kv.shape[2]
         if self.kv_length <= held:
             return kv
-        if self.kv_rows is not None:
-            kv = fill_folded(kv, self.kv_rows[rows])
         return torch.cat([kv, kv[:, :, held - 1 :].expand(-1, -1, self.kv_length - held, -1)], 2)
 
     def unfold_groups(self) -> list[slice]:
