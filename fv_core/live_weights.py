@@ -133,7 +133,10 @@ class SyncableComponents:
                 self._retired[component, old] = self._components[component]
             self._components[component] = module
             self._synced.add(component)
-        return self.set_weights_version(component, version)
+            self.weights_versions[component] = (
+                version  # with the module: no lookup sees one without the other
+            )
+        return self._replace_features(component, old)
 
     @property
     def retired_versions(self) -> list[tuple[str, str]]:

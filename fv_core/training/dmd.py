@@ -97,6 +97,11 @@ class DMDOptions(StrictModel):
                 f"gan_max_sigma={self.gan_max_sigma} must be above min_sigma={self.min_sigma}. Fix: e.g. "
                 "gan_max_sigma: 0.3"
             )
+        if self.gan_generator_weight > 0 and self.gan_critic_weight == 0:
+            raise ValueError(
+                f"gan_generator_weight={self.gan_generator_weight} with gan_critic_weight=0: nothing would "
+                "train the GAN head the student learns to fool. Fix: set gan_critic_weight above 0"
+            )
         weighted = self.gan_generator_weight > 0 or self.gan_critic_weight > 0
         if weighted != (self.gan_data is not None):
             raise ValueError(
@@ -349,14 +354,16 @@ class DistributionMatching:
         frozen = [self.critic, *([self.gan_head] if self.gan_head is not None else [])]
         for module in frozen:
             module.requires_grad_(False)
-        loss_g, grad_mag = self.generator_loss(x0, embeds, gen)
-        extra = self.extra_generator_losses(x0, embeds, gen)
-        if self.gan_head is not None:  # the student's side: its samples judged real
-            extra["gan"] = (
-                self.opts.gan_generator_weight * F.softplus(-self.discriminate(x0, embeds, gen)).mean()
-            )
-        for module in frozen:
-            module.requires_grad_(True)
+        try:
+            loss_g, grad_mag = self.generator_loss(x0, embeds, gen)
+            extra = self.extra_generator_losses(x0, embeds, gen)
+            if self.gan_head is not None:  # the student's side: its samples judged real
+                extra["gan"] = (
+                    self.opts.gan_generator_weight * F.softplus(-self.discriminate(x0, embeds, gen)).mean()
+                )
+        finally:  # the critic trains again even when a loss failed
+            for module in frozen:
+                module.requires_grad_(True)
         self.opt_g.zero_grad(set_to_none=True)
         (loss_g + sum(extra.values())).backward()
         norm_g = torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.cfg.optim.grad_clip)
@@ -441,6 +448,12 @@ class DistributionMatching:
             saved = cls.from_pretrained(folder / role / "transformer", use_safetensors=True)
             module.load_state_dict(saved.state_dict())
         if self.gan_head is not None:
+            if not (folder / GAN_HEAD_FILE).is_file():
+                raise ConfigError(
+                    f"checkpoint {folder} has no GAN head ({GAN_HEAD_FILE}), but options.gan_data="
+                    f"{self.opts.gan_data!r} turns the GAN term on. Fix: resume with the GAN options of the "
+                    "run that saved it, or start a new output_dir"
+                )
             self.gan_head.load_state_dict(load_file(folder / GAN_HEAD_FILE))
         load_optimizer(self.opt_g, folder / "generator_optimizer.safetensors")
         load_optimizer(self.opt_c, folder / "critic_optimizer.safetensors")

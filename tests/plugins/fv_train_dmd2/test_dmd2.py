@@ -15,6 +15,7 @@ from fv_core import ConfigError, Profile, WorkUnitKind
 from fv_core.loop import Done, run_plan
 from fv_core.plugins import PluginHost
 from fv_core.training import Consistency, Role, check_c2, rollout, train, train_adapter, validate
+from fv_core.training.dmd import GAN_HEAD_FILE
 from fv_train_dmd2 import plugin
 from fv_train_dmd2.config import DMD2Options
 from fv_train_dmd2.method import DMD2Method
@@ -182,12 +183,23 @@ def test_the_gan_term_trains_its_head_on_real_clips_and_resumes(prompts, tmp_pat
         for p, q in zip(a.parameters(), b.parameters(), strict=True):
             assert torch.equal(p, q)
 
+    headless = tmp_path / "headless"  # a checkpoint saved without the GAN term, resumed with it on
+    shutil.copytree(out, headless, ignore=shutil.ignore_patterns("checkpoint-4", "final"))
+    (headless / "checkpoint-2" / GAN_HEAD_FILE).unlink()
+    again = DMD2Method(validate(dmd2_config(headless, prompts, steps=4, **GAN)))
+    with pytest.raises(ConfigError, match=r"checkpoint .*checkpoint-2 has no GAN head .*Fix: resume with"):
+        train(again.cfg, again, progress=False)
+
 
 @pytest.mark.parametrize(
     "options,match",
     [
         ({"gan_data": "shapes"}, r"gan_data='shapes' with gan_generator_weight=0.0.*needs both.*Fix"),
         ({"gan_critic_weight": 1.0}, r"gan_data=None with .*gan_critic_weight=1.0.*Fix"),
+        (
+            {"gan_data": "shapes", "gan_generator_weight": 1.0},
+            r"gan_generator_weight=1.0 with gan_critic_weight=0: .*Fix: set gan_critic_weight above 0",
+        ),
         ({"gan_max_sigma": 0.01}, r"gan_max_sigma=0.01 must be above min_sigma=0.02.*Fix"),
         (
             {"gan_data": "shapes", "gan_critic_weight": 1.0},  # the tiny teacher samples 5 frames of 32x32
