@@ -143,8 +143,9 @@ class NftMethod:
     def generate(
         self, model: Any, prompts: list[str], seeds: list[int], steps: int, guidance: float | list[float]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(clean latents [N, ...], frames [N, F, H, W, 3]) of ``model`` through the serve engine (one
-        CFG scale, or one per video); ``self.versions`` the transformer weights version each ran on."""
+        """(clean latents [N, ...], frames [N, F, H, W, 3]) of ``model`` through the core's rollout (one
+        CFG scale, or one per video); ``self.versions`` the transformer weights version each ran on,
+        ``self.records`` each video's BehaviorRecord."""
         scales = guidance if isinstance(guidance, list) else [guidance] * len(prompts)
         requests = [
             {**self.request_params(steps, g), "prompt": p, "seed": s}
@@ -173,13 +174,13 @@ class NftMethod:
         base = 10_000 + (self.cfg.seed * 7919 + step) * SEED_STRIDE
         seeds = [base + i for i in range(len(prompts))]
         latents, frames = self.generate(self.model, prompts, seeds, self.opts.rollout_steps, guidance)
-        if self.opts.save_records:
-            save_records(Path(self.cfg.output_dir) / "rollouts" / f"step-{step:06d}", self.records)
         if self.old_version is not None and set(self.versions) != {self.old_version}:
             raise RuntimeError(
                 f"rollouts ran on transformer versions {sorted(map(str, set(self.versions)))}, not the old "
                 f"policy's {self.old_version!r}"
             )
+        if self.opts.save_records:
+            save_records(Path(self.cfg.output_dir) / "rollouts" / f"step-{step:06d}", self.records)
         rewards = self.reward(frames, prompts).float()
         adv = advantages(rewards, groups, self.opts.global_std)
         keep = self.trained_samples(rewards, groups)
