@@ -62,7 +62,8 @@ class DMDOptions(StrictModel):
     # Regression onto the teacher's ODE (DMD's regression loss, CausVid's initialisation; off at 0): the
     # student predicts the teacher's own sample of fresh noise (from that noise at its first step, from the
     # sample re-noised at later ones), which ties its map from noise to video to the teacher's (where
-    # things start, how shapes look), not only its distribution.
+    # things start, how shapes look), not only its distribution. The teacher samples at guidance 1,
+    # whatever real_guidance the distribution matching uses.
     regression_weight: float = Field(0.0, ge=0)
     regression_steps: int = Field(30, ge=1)  # Euler steps of the teacher's ODE per regression pair
     # DMD2's GAN term (off at weights 0): real clips from the dataset ``gan_data`` (registered by a plugin,
