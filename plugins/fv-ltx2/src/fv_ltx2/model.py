@@ -102,9 +102,14 @@ class LTX2Model(SyncableComponents):
         version = version or self.weights_versions["transformer"]
         transformer = self.component("transformer", version)
         with self._lock:
-            if version not in self._refine:
-                self._refine[version] = self._merge_lora(transformer)
-            return self._refine[version]
+            if version in self._refine:
+                return self._refine[version]
+            merged = self._merge_lora(transformer)
+            # kept only while its version is resident: a swap between the lookup above and here may have
+            # dropped it, and nothing would drop this merge again
+            if version == self.weights_versions["transformer"] or ("transformer", version) in self._retired:
+                self._refine[version] = merged
+            return merged
 
     def _merge_lora(self, transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
         from diffusers.loaders.lora_pipeline import LTX2LoraLoaderMixin
