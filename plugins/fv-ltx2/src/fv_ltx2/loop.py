@@ -402,11 +402,11 @@ class LTX2Loop:
             for i in range(ids.shape[0])
         ]
 
-    def _pin(self, state: LoopState | None, component: str) -> str | None:
+    def _pin(self, state: LoopState, component: str) -> str | None:
         """The weights version of ``component`` the request pinned at init (None: the live one)."""
-        return (state.values.get("weights_versions", {}) if state is not None else {}).get(component)
+        return state.values.get("weights_versions", {}).get(component)
 
-    def _module(self, state: LoopState | None, component: str) -> Any:
+    def _module(self, state: LoopState, component: str) -> Any:
         """``component`` on the weights the request pinned (a weight sync since leaves it on them)."""
         return self.instance.component(component, self._pin(state, component))
 
