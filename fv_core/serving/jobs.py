@@ -150,7 +150,7 @@ class JobStore:
             ) from None
         return handle
 
-    def _gone(self, owner: str) -> bool:
+    def gone(self, owner: str) -> bool:
         """Whether a job owner has stopped: its lock file can be locked (or is gone)."""
         if owner == self.owner:
             return False
@@ -174,7 +174,7 @@ class JobStore:
         where, args = "1", ()
         if self.shared:  # unowned rows (left by a lone server, or already orphaned) and gone owners'
             owners = [r[0] for r in self.db.execute(f"SELECT DISTINCT owner FROM jobs WHERE {_UNFINISHED}")]
-            gone = tuple(o for o in owners if o is not None and self._gone(o))
+            gone = tuple(o for o in owners if o is not None and self.gone(o))
             where, args = f"owner IS NULL OR owner IN ({','.join('?' * len(gone))})", gone
         cur = self.db.execute(
             "UPDATE jobs SET status='failed', error_code='server_restart', error_message="

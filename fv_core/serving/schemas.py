@@ -195,6 +195,10 @@ class WeightsSynced(BaseModel):
     tensors: dict[str, int]  # component -> tensors replaced
     cache_entries_dropped: int  # cached features of the replaced versions that went
     requests_on_previous: int  # requests accepted before, finishing on the replaced weights
+    # a fleet (replicas on one shared data dir) only: every replica applies the sync, in the log's order
+    fleet_seq: int | None = None  # the sync's place in the fleet's weight log
+    replicas_behind: list[str] = Field(default_factory=list)  # live replicas not caught up when it answered
+    replica_errors: dict[str, str] = Field(default_factory=dict)  # replica -> why the sync failed there
 
 
 class ErrorDetail(BaseModel):

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -54,10 +54,15 @@ from fv_core.serving.schemas import (
     WeightsSynced,
 )
 from fv_core.serving.stream import VideoChunks
+from fv_core.serving.weight_log import WeightLog, tensor_names
+
+if TYPE_CHECKING:
+    from fv_core.training.sync import StagedSync, SyncResult
 
 log = logging.getLogger("fv.serving")
 WATCH_S = 0.2  # shared store: how often a replica looks for its jobs deleted through another replica
 RECOVER_S = 5.0  # shared store: how often it recovers the jobs of replicas that stopped
+FLEET_SYNC_WAIT_S = 30.0  # a fleet's weight sync answers once every replica applied it, or after this
 
 
 class ApiError(Exception):
@@ -105,6 +110,8 @@ class Service:
         self._watcher: asyncio.Task | None = None  # shared store only: see _watch
         self.draining = False  # shutting down: no new jobs
         self._sync_lock = asyncio.Lock()  # one weight sync at a time (each stages on the live weights)
+        self._weights = WeightLog(store) if store.shared else None  # a fleet's weight syncs
+        self._weights_seq = 0  # the last of them this replica applied
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -112,6 +119,11 @@ class Service:
         self.models = await asyncio.to_thread(self._load_models)
         self.sweep()
         await self.engine.start()
+        if self._weights is not None:  # a fleet replica takes jobs on the fleet's weights
+            async with self._sync_lock:
+                await self._catch_up()
+            for name in self.models:
+                self._weights.applied(name, self._weights_seq)
         self._start_requeue()
         if self.store.shared:
             self._watcher = asyncio.create_task(self._watch())
@@ -219,7 +231,8 @@ class Service:
 
     async def _watch(self) -> None:
         """Shared store: cancel (at the next step boundary) the jobs running here that were deleted
-        through another replica, and now and then take over the jobs of replicas that stopped."""
+        through another replica, apply the weight syncs other replicas received, and now and then take
+        over the jobs of replicas that stopped."""
         last_recovery, cancelled = time.monotonic(), set[str]()
         while True:
             await asyncio.sleep(WATCH_S)
@@ -230,6 +243,9 @@ class Service:
                     if rid is not None:
                         self.engine.cancel(rid, "the video was deleted")
                         cancelled.add(job_id)
+                if self._weights is not None and not self._sync_lock.locked():
+                    async with self._sync_lock:
+                        await self._catch_up()
                 if not self.draining and time.monotonic() - last_recovery >= RECOVER_S:
                     last_recovery = time.monotonic()
                     if self.store.recover():
@@ -435,7 +451,8 @@ class Service:
         """Put a trainer's weights live (``fv_core.training.sync``): checked and staged off the engine's
         thread while generation goes on, swapped in between two of its ticks. Jobs accepted before
         finish on the weights they started with; bad plans and tensors answer 400, version clashes
-        409, and change nothing."""
+        409, and change nothing. A fleet replica also logs the sync for every replica
+        (``weight_log``) and answers once they all applied it, or after ``FLEET_SYNC_WAIT_S``."""
         from fv_core.training.sync import WeightSyncPlan, stage_sync
 
         served = self.model(model)
@@ -444,20 +461,29 @@ class Service:
         except ValidationError as exc:
             message = explain(exc, "weight sync plan", WeightSyncPlan.model_fields)
             raise ApiError(400, message, "invalid_plan", "plan") from None
+        seq = None
         async with self._sync_lock:
             try:
                 staged = await asyncio.to_thread(stage_sync, served.loaded, plan, weights)
-                result = await asyncio.wrap_future(self.engine.at_boundary(staged.apply))
+                if self._weights is None:
+                    result = await asyncio.wrap_future(self.engine.at_boundary(staged.apply))
+                else:
+                    seq = self._weights.publish(
+                        served.name, plan.model_dump_json(), weights, tensor_names(weights)
+                    )
+                    result = await self._catch_up((seq, staged))
             except WeightsError as exc:
                 raise ApiError(400, str(exc), "invalid_weights", "weights") from None
             except ConfigError as exc:
                 if exc.param == "version":
                     raise ApiError(409, str(exc), "version_conflict", "plan") from None
                 raise ApiError(400, str(exc), "invalid_plan", "plan") from None
+        assert result is not None  # a sync of its own is applied or raises
         log.info(
             "weights of %s synced: %s (role %s; %d cache entries dropped; %d requests finish on the previous)",
             served.name, result.versions, result.role, result.cache_entries_dropped, len(result.pinned),
         )  # fmt: skip
+        fleet = {} if seq is None else await self._fleet_caught_up(served.name, seq)
         return WeightsSynced(
             model=served.name,
             role=result.role,
@@ -466,7 +492,53 @@ class Service:
             tensors=result.tensors,
             cache_entries_dropped=result.cache_entries_dropped,
             requests_on_previous=len(result.pinned),
+            **fleet,
         )
+
+    async def _catch_up(self, own: tuple[int, StagedSync] | None = None) -> SyncResult | None:
+        """Apply the fleet's logged syncs this replica has not applied yet, oldest first (the caller
+        holds ``_sync_lock``). ``own``: (seq, staged sync) of the one this replica received, whose
+        SyncResult is returned and whose error is raised; others' errors are logged and recorded."""
+        from fv_core.training.sync import WeightSyncPlan, stage_sync
+
+        assert self._weights is not None
+        own_seq, own_staged = own or (0, None)  # seqs start at 1
+        result = None
+        for sync in self._weights.after(self._weights_seq, list(self.models)):
+            served, mine, error = self.models[sync.model], sync.seq == own_seq, None
+            try:
+                staged = own_staged if mine else None
+                live = served.loaded.instance.weights_versions
+                if staged is None or any(live[n] != version for n, version in staged.base.items()):
+                    plan = WeightSyncPlan.model_validate_json(sync.plan)  # staged anew on the live weights
+                    staged = await asyncio.to_thread(stage_sync, served.loaded, plan, sync.path.read_bytes())
+                applied = await asyncio.wrap_future(self.engine.at_boundary(staged.apply))
+            except FileNotFoundError:  # compacted away meanwhile: later syncs replace all of it
+                applied = None
+            except (ConfigError, WeightsError) as exc:
+                if mine:
+                    self._weights.settle(sync, ok=False)
+                    raise
+                log.error("fleet weight sync %d of %s failed here: %s", sync.seq, sync.model, exc)
+                error = str(exc)
+            if mine:
+                self._weights.settle(sync, ok=True)
+                result = applied
+            self._weights_seq = sync.seq
+            self._weights.applied(sync.model, sync.seq, error)
+        return result
+
+    async def _fleet_caught_up(self, model: str, seq: int) -> dict[str, Any]:
+        """Wait (up to ``FLEET_SYNC_WAIT_S``) until every live replica of ``model`` applied sync ``seq``."""
+        assert self._weights is not None
+        deadline = time.monotonic() + FLEET_SYNC_WAIT_S
+        while (behind := self._weights.behind(model, seq)) and time.monotonic() < deadline:
+            await asyncio.sleep(WATCH_S / 4)
+        return {
+            "fleet_seq": seq,
+            "replicas_behind": behind,
+            "replica_errors": self._weights.failures(model, seq),
+        }
 
     # -- shared ---------------------------------------------------------------------------------------
 

@@ -43,9 +43,11 @@ def free_port() -> int:
 class ServerThread:
     """A uvicorn server on a free port in a background thread."""
 
-    def __init__(self, deploy: DeploymentCard, host: PluginHost, api_key: str | None = None) -> None:
+    def __init__(
+        self, deploy: DeploymentCard, host: PluginHost, api_key: str | None = None, replica: str | None = None
+    ) -> None:
         self.port = free_port()
-        self.app = create_app(deploy, host, api_key=api_key)
+        self.app = create_app(deploy, host, api_key=api_key, replica=replica)
         self.server = DrainingServer(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -4,7 +4,8 @@ One module-scoped local Ray cluster (``ray.init(num_cpus=2)``). "Either replica"
 pinning: the deployment runs Ray's consistent-hash request router with strict affinity, so every
 request carrying one ``x-session-id`` lands on one replica; every answer names its replica in
 ``x-fv-replica``, so the tests find a session id for each replica and then talk to each on purpose.
-Requests without a session id spread over both replicas.
+Requests without a session id spread over both replicas. A trainer's weight push through the proxy
+lands on one replica and goes live on both.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+import fv_core
 from fv_core.serving.jobs import JobStore, new_job_id
+from fv_core.training import WeightSyncPlan, push_weights
 from fv_ray_serve import QUEUE_DEPTH, applications, split_fleet
-from tests.serving.support import TINY, free_port
+from tests.serving.support import TINY, free_port, wan_host
 
 QUICK = {"size": "32x32", "num_frames": 5, "num_inference_steps": 2}
 LONG = {
@@ -196,3 +199,19 @@ def test_each_replica_reports_its_queue_depth_to_the_autoscaler(fleet, sessions)
     finally:
         for job in jobs:
             http.delete(f"/v1/videos/{job}")
+
+
+def test_a_weight_push_through_the_proxy_reaches_both_replicas(fleet, sessions):
+    http, data, _ = fleet
+    live = fv_core.load(TINY, host=wan_host()).instance.component("transformer").state_dict()
+    new = {k: v + 0.05 for k, v in live.items() if v.is_floating_point()}
+    plan = WeightSyncPlan(components=["transformer"], version="fleet-step-1")
+    synced = push_weights(str(http.base_url), plan, new)  # lands on either replica
+    assert synced["versions"] == {"transformer": "fleet-step-1"}
+    assert synced["replicas_behind"] == [] and synced["replica_errors"] == {}
+    for replica, session in sessions.items():
+        made = http.post("/v1/videos", json={"prompt": "after the push", **QUICK}, headers=_on(session))
+        assert made.headers["x-fv-replica"] == replica
+        _wait(http, made.json()["id"], {}, lambda v: v["status"] == "completed")
+        provenance = (data / "videos" / f"{made.json()['id']}.json").read_text()
+        assert '"transformer": "fleet-step-1"' in provenance, replica
