@@ -196,7 +196,7 @@ def stage_sync(model: Any, plan: WeightSyncPlan, weights: Weights | bytes) -> St
         card = getattr(getattr(inst, "card", None), "model_id", type(inst).__name__)
         raise ConfigError(
             f"model {card!r} does not take weight syncs (its instance has no stage_weights / swap_weights). "
-            "Fix: sync a model whose family supports it (fv-wan, fv-ltx2)."
+            "Fix: sync a model whose family supports it (fv-wan, fv-ltx2, fv-bagel)."
         )
     tensors = weights if isinstance(weights, (bytes, bytearray)) else payload(plan, weights)
     parts = split(plan, tensors)

@@ -24,6 +24,13 @@ The latent tokens run on the generation expert, the two markers on the understan
 CFG runs the same query over the text-unconditioned and image-unconditioned contexts, as extra
 rows of the step (contexts with a common prefix share its pages); the guided velocity, its renorm
 and the Euler update run in ``advance``.
+
+Weight sync: a request pins the instance's weights versions (``net``, ``vae``) at init, ``think-t2i``'s
+denoise stage those its AR stage pinned (``Request.carry``), and runs every plan (prefills, token steps,
+denoise rows, the VAE) on those modules (``instance.component(name, version)``). The versions are part
+of the batch keys, so requests on old and new weights never share a call, and keys/values are read only
+under the ``net`` version that wrote them: contexts handed to a later stage name it, and a stage pinned
+to another version refuses them.
 """
 
 from __future__ import annotations
@@ -181,11 +188,10 @@ def resized(image: np.ndarray, max_size: int, min_size: int, stride: int) -> tor
     return torch.from_numpy(np.asarray(pil, dtype=np.float32) / 255.0) * 2 - 1
 
 
-def vit_patches(inst: BagelModel, image: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def vit_patches(inst: BagelModel, net: Any, image: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """An image ``[H, W, 3]`` in 0..1 as SigLIP NaViT patches: resized so its long side is at most the
     tower's table and its short side at least 16 patches (both multiples of the patch), normalized to
     -1..1; returns patches ``[N, p*p*3]`` (row-major, each ``p x p x 3``) and their flattened ids."""
-    net = inst.net
     p, side = net.vit_model.config.patch_size, net.vit_side
     pixels = resized(image, side * p, min(16 * p, side * p // 2), p)
     rows, cols = pixels.shape[0] // p, pixels.shape[1] // p
@@ -203,8 +209,8 @@ def _check_request(inst: BagelModel, request: Any, cls: type) -> Any:
     return p
 
 
-def _check_positions(inst: BagelModel, needed: int, what: str) -> None:
-    limit = inst.net.language_model.config.max_position_embeddings
+def _check_positions(net: Any, needed: int, what: str) -> None:
+    limit = net.language_model.config.max_position_embeddings
     if needed > limit:
         raise ConfigError(
             f"{what} needs {needed} positions; this model has {limit}. Fix: shorten the prompt or lower max_tokens.",
@@ -236,20 +242,55 @@ def _plan_inputs(contexts: list[dict[str, Any]], **tensors: torch.Tensor) -> dic
     return {**tensors, **padded(contexts, size)}
 
 
+def _check_written_by(request: Any, net: str | None) -> None:
+    """Keys/values handed over by an earlier stage are read only under the ``net`` version that wrote
+    them (another version's would condition this stage on activations its weights never made)."""
+    for context in request.carry.get("contexts", []):
+        if context.get("net") != net:
+            raise ConfigError(
+                f"request {request.request_id!r} was handed keys/values written by net version "
+                f"{context.get('net')!r}, but this stage runs on {net!r}: a stage reads only the keys/values "
+                "of the weights it runs on. Fix: pass the earlier stage's weights_versions in the carry "
+                "(as fv_bagel.program does), or run the request again."
+            )
+
+
 class _Base:
     def __init__(self, instance: BagelModel) -> None:
         self.instance = instance
 
-    def _key(self, kind: str, shape: tuple) -> BatchKey:
+    def _key(self, state: LoopState, kind: str, shape: tuple, component: str = "net") -> BatchKey:
+        """Batch key of a plan on the request's pinned ``component``: plans on other weights versions
+        (a weight sync between two requests' starts) never share a call."""
         inst = self.instance
-        return BatchKey(
-            inst.instance_id, kind, shape, inst.precision, graph_key="exact" if inst.exact else ""
+        on = f"{inst.instance_id}@{self._pin(state, component)}" + (
+            "" if component == "net" else f"/{component}"
         )
+        return BatchKey(on, kind, shape, inst.precision, graph_key="exact" if inst.exact else "")
+
+    @staticmethod
+    def _pins(request: Any, inst: BagelModel) -> dict[str, str]:
+        """The weights versions a request runs on to the end: a later program stage's are those its
+        first stage pinned (they wrote the keys/values it is handed), else the instance's live ones."""
+        return dict(request.carry.get("weights_versions") or inst.weights_versions)
+
+    @staticmethod
+    def _pin(state: LoopState, component: str) -> str | None:
+        """The version of ``component`` the request pinned at init (None: a component without weights
+        versions, e.g. a folder without ``ae.safetensors``: the live one)."""
+        return state.values["weights_versions"].get(component)
+
+    def _module(self, state: LoopState, component: str) -> Any:
+        """``component`` on the weights the request pinned (a weight sync since leaves it on them)."""
+        return self.instance.component(component, self._pin(state, component))
+
+    def _net(self, state: LoopState) -> Any:
+        return self._module(state, "net")
 
     def _segment_plan(self, ctx: dict[str, Any], segment: dict[str, Any], state: LoopState) -> WorkPlan:
         """The prefill WorkUnit of one context segment (a text or an understanding image)."""
         inst = self.instance
-        net = inst.net
+        net = self._net(state)
         dev = inst.device
         if segment["kind"] == "text":
             ids = torch.tensor([segment["ids"]], device=dev)
@@ -260,7 +301,7 @@ class _Base:
                 inputs=_plan_inputs([ctx], ids=ids, pos=pos),
                 # texts of any lengths share a call: each row's block padded at its end (causal: its
                 # tokens never see the padding; advance keeps only its own tokens' keys/values)
-                batch_key=self._key("ar_prefill", ()),
+                batch_key=self._key(state, "ar_prefill", ()),
                 ragged={"ids": 1, "pos": 1, **RAGGED_CONTEXT},
                 label=f"prefill {ids.shape[1]} tokens",
             )
@@ -283,7 +324,7 @@ class _Base:
         generation expert) between the vision markers, prefilled in full attention."""
         inst = self.instance
         if "edit.latent" not in state.tensors:
-            vae = inst.component("vae")
+            vae = self._module(state, "vae")
             return WorkPlan(
                 kind=WorkUnitKind.VAE_TILE,
                 body=partial(encode_body, vae),
@@ -302,7 +343,7 @@ class _Base:
         )
         return WorkPlan(
             kind=WorkUnitKind.AR_PREFILL,
-            body=partial(denoise_body, inst.net, inst.exact),
+            body=partial(denoise_body, self._net(state), inst.exact),
             inputs=inputs,
             label=f"image {n} latent tokens",
         )
@@ -326,7 +367,7 @@ class _Base:
             if part.kind == "text":
                 segments.append({"kind": "text", "ids": text_ids(self.instance, part.text)})
                 continue
-            patches, ids = vit_patches(self.instance, part.image)
+            patches, ids = vit_patches(self.instance, self._net(state), part.image)
             state.tensors[f"image{images}.patches"], state.tensors[f"image{images}.ids"] = patches, ids
             segments.append({"kind": "image", "index": images})
             images += 1
@@ -348,11 +389,14 @@ class ChatLoop(_Base):
             loop_id=inst.card.programs[request.task].stages[0],
             generator=torch.Generator(device="cpu").manual_seed(p.seed),
         )
+        state.values["weights_versions"] = self._pins(request, inst)  # first: every plan runs on these
         segments += self._add_parts(state, request)
         segments.append({"kind": "text", "ids": text_ids(inst, p.prompt)})
         prefix = sum(self._tokens(state, s) for s in segments)
         _check_positions(
-            inst, prefix + p.max_tokens + 1, f"a prompt of {prefix} tokens plus max_tokens={p.max_tokens}"
+            self._net(state),
+            prefix + p.max_tokens + 1,
+            f"a prompt of {prefix} tokens plus max_tokens={p.max_tokens}",
         )
         state.values.update(
             segments=segments,
@@ -363,7 +407,6 @@ class ChatLoop(_Base):
             sampling=dict(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k),
             max_tokens=p.max_tokens,
             stop=list(p.stop),
-            weights_versions=dict(inst.weights_versions),
             keep_contexts=bool(request.carry.get("keep_contexts")),
             streamed=0,
             kept=[],  # forks of the context after each segment, handed to a later stage (keep_contexts)
@@ -415,9 +458,11 @@ class ChatLoop(_Base):
         inputs = _plan_inputs([ctx], ids=ids, pos=pos)
         return WorkPlan(
             kind=WorkUnitKind.AR_TOKEN,
-            body=partial(text_body, inst.net, inst.exact, True),
+            body=partial(text_body, self._net(state), inst.exact, True),
             inputs=inputs,
-            batch_key=self._key("ar_decode", ()),  # any context lengths share a call: padded to the longest
+            batch_key=self._key(
+                state, "ar_decode", ()
+            ),  # any context lengths share a call: padded to the longest
             ragged=RAGGED_CONTEXT,
             emits=("progress", "partial"),
             label=f"token {len(state.values['generated']) + 1}",
@@ -430,7 +475,9 @@ class ChatLoop(_Base):
             self._append(state, out, len(segment["ids"]) if segment["kind"] == "text" else 1, segment)
             if state.values["keep_contexts"]:  # a later stage reuses the context after each segment
                 fork = self.instance.kv_pool.fork(KVSeq(**state.values["seq"]))
-                state.values["kept"].append({"seq": _plain(fork), "rope": state.values["rope"]})
+                # with the net version that wrote it: only a stage on that version may read it
+                net = self._pin(state, "net")
+                state.values["kept"].append({"seq": _plain(fork), "rope": state.values["rope"], "net": net})
             return state
         self._append(state, out, 1)
         state.step += 1
@@ -565,7 +612,8 @@ class ImageLoop(_Base):
     def _init(self, request: Any) -> LoopState:
         inst = self.instance
         p = _check_request(inst, request, GuidedParams)
-        net = inst.net
+        versions = self._pins(request, inst)
+        net = inst.component("net", versions.get("net"))
         down = 8 * net.latent_patch_size  # the FLUX VAE is x8; 2x2 latent patches
         edit = next((part.image for part in request.parts if part.kind == "image"), None)
         if isinstance(p, EditParams):
@@ -593,8 +641,9 @@ class ImageLoop(_Base):
             total_steps=len(times),
             generator=gen,
         )
+        state.values["weights_versions"] = versions
         prompt = text_ids(inst, p.prompt)
-        _check_positions(inst, len(prompt) + 1, f"a prompt of {len(prompt)} tokens")
+        _check_positions(net, len(prompt) + 1, f"a prompt of {len(prompt)} tokens")
         dim = net.latent_patch_size**2 * net.latent_channels
         noise = torch.randn(rows * cols, dim, generator=gen, dtype=torch.float32)
         grid = grid_ids(rows, cols, net.max_latent_size).to(inst.device)
@@ -616,7 +665,7 @@ class ImageLoop(_Base):
             state.tensors["edit.pixels"] = pixels.permute(2, 0, 1)[None].to(inst.device)
             c = net.latent_channels
             state.tensors["edit.noise"] = torch.randn(1, c, 2 * rows, 2 * cols, generator=gen).to(inst.device)
-            patches, vit_ids = vit_patches(inst, (pixels.numpy() + 1) / 2)
+            patches, vit_ids = vit_patches(inst, net, (pixels.numpy() + 1) / 2)
             state.tensors["image0.patches"], state.tensors["image0.ids"] = patches, vit_ids
             pending = [
                 ("text_uncond", "text_uncond", {"kind": "vae"}),
@@ -630,6 +679,7 @@ class ImageLoop(_Base):
             # think-t2i: the AR stage's contexts after its system prompt and after the prompt are the
             # text- and image-unconditioned ones; the conditional one is the latter plus the thinking
             system, with_prompt = request.carry["contexts"][-2:]  # forks the AR stage handed over
+            _check_written_by(request, versions.get("net"))
             pending, aliases = [("cond", "cond", {"kind": "text", "ids": text_ids(inst, thinking)})], {}
             contexts["text_uncond"], contexts["img_uncond"] = system, with_prompt
             cond = inst.kv_pool.fork(KVSeq(**with_prompt["seq"]))  # after all that can fail (see init)
@@ -651,7 +701,6 @@ class ImageLoop(_Base):
                 renorm_min=p.cfg_renorm_min,
             ),  # fmt: skip
             branches_run=[],
-            weights_versions=dict(inst.weights_versions),
         )
         return state
 
@@ -719,27 +768,27 @@ class ImageLoop(_Base):
         )
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(denoise_body, inst.net, inst.exact),
+            body=partial(denoise_body, self._net(state), inst.exact),
             inputs=inputs,
-            batch_key=self._key("diffusion_denoise", (*v["grid_shape"], inputs["ctx_k"].shape[3])),
+            batch_key=self._key(state, "diffusion_denoise", (*v["grid_shape"], inputs["ctx_k"].shape[3])),
             batch_size=rows,
             label=f"denoise {state.step + 1}/{state.total_steps} ({'+'.join(branches)})",
         )
 
     def _decode_plan(self, state: LoopState) -> WorkPlan:
         inst = self.instance
-        net = inst.net
+        net = self._net(state)
         rows, cols = state.values["grid_shape"]
         p, c = net.latent_patch_size, net.latent_channels
         x = state.tensors["latents"].reshape(rows, cols, p, p, c)
         latents = torch.einsum("hwpqc->chpwq", x).reshape(1, c, rows * p, cols * p)
-        vae = inst.component("vae")
+        vae = self._module(state, "vae")
         return WorkPlan(
             kind=WorkUnitKind.VAE_TILE,
             body=partial(decode_body, vae),
             inputs={"latents": latents},
             # the VAE's convolutions are not row-invariant: the exact instance decodes each image alone
-            batch_key=None if inst.exact else self._key("vae_decode", tuple(latents.shape[1:])),
+            batch_key=None if inst.exact else self._key(state, "vae_decode", tuple(latents.shape[1:]), "vae"),
             label="vae decode",
         )
 
@@ -749,7 +798,8 @@ class ImageLoop(_Base):
             name, source, segment = v["pending"][0]
             if segment["kind"] == "vae" and "edit.latent" not in state.tensors:  # the encode ran
                 rows, cols = v["grid_shape"]
-                p, c = self.instance.net.latent_patch_size, self.instance.net.latent_channels
+                net = self._net(state)
+                p, c = net.latent_patch_size, net.latent_channels
                 z = out["latent"][0].reshape(c, rows, p, cols, p)
                 state.tensors["edit.latent"] = torch.einsum("chpwq->hwpqc", z).reshape(rows * cols, p * p * c)
                 return state

@@ -1,6 +1,14 @@
 """A live BAGEL instance: one resident network serves every loop (AR decode and denoise) of every
 request. Components load on first use: ``net`` (``ema.safetensors``) and ``tokenizer`` for any
 request, the FLUX ``vae`` only when an image is decoded (a text-only request never loads it).
+
+Weight sync (``fv_core.training.sync_weights``) comes from the core's ``SyncableComponents``: ``net``
+(everything in ``ema.safetensors``: the MoT decoder, the SigLIP tower, its connector, the generation
+heads) and ``vae`` (``ae.safetensors``) are the syncable components, each versioned by its file's
+fingerprint until a sync names a new version. Requests pin both versions at init and run every step on
+those modules; keys/values in the KV pool are written and read only by the request (or program) that
+pinned the ``net`` version that made them, and no cache outlives a request, so a swap drops nothing and
+a replaced version is freed when the last request pinning it ends.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import torch
 from fv_bagel.checkpoint import check_layout, llm_config, load_net, load_tokenizer, vit_config
 from fv_core import ConfigError, ModelCard
 from fv_core.kv import PagedKVPool
+from fv_core.live_weights import SyncableComponents
 from fv_core.weights import file_fingerprint
 
 _IDS = itertools.count()
@@ -23,7 +32,7 @@ DEFAULT_KV_BYTES = 64 << 20
 COMPONENTS = ("net", "tokenizer", "vae")
 
 
-class BagelModel:
+class BagelModel(SyncableComponents):
     """Resident components of one card on one checkpoint (the ``instance`` BAGEL loops run against).
 
     :param exact: run the row-invariant math of :mod:`fv_bagel.mot` (batched == alone, bit for bit).
@@ -51,29 +60,35 @@ class BagelModel:
         self.weights_versions = {"net": file_fingerprint(self.weights / "ema.safetensors")}
         if (self.weights / "ae.safetensors").is_file():
             self.weights_versions["vae"] = file_fingerprint(self.weights / "ae.safetensors")
+        self.parallel: Any = None  # BAGEL runs in one process (no parallel plan); weight syncs need that
         self._components: dict[str, Any] = {}
         self._kv_pool: PagedKVPool | None = None
         self._lock = threading.Lock()
+        self._init_sync()
 
-    def component(self, name: str) -> Any:
-        """The live component ``name`` (``net``, ``tokenizer`` or ``vae``), loaded on first use."""
+    def component(self, name: str, version: str | None = None) -> Any:
+        """The live component ``name`` (``net``, ``tokenizer`` or ``vae``), loaded on first use; with
+        ``version``, that version of its weights (a request pinned to one a weight sync replaced)."""
         if name not in COMPONENTS:
             raise ConfigError(f"BAGEL has no component {name!r}. Fix: use one of {list(COMPONENTS)}")
-        with self._lock:
-            return self.component_unlocked(name)
+        return super().component(name, version)
 
     def _load(self, name: str) -> Any:
-        if name == "net":
-            return load_net(self.weights, self.dtype, self.device)
-        if name == "tokenizer":
-            return load_tokenizer(self.weights)
-        from fv_bagel.vae import load_flux_vae
+        """Component ``name`` from the folder, on the device: normal tensors even when first used under
+        ``torch.inference_mode`` (serving), so a weight sync can copy into them and training can use them."""
+        with torch.inference_mode(False):
+            if name == "net":
+                return load_net(self.weights, self.dtype, self.device)
+            if name == "tokenizer":
+                return load_tokenizer(self.weights)
+            from fv_bagel.vae import load_flux_vae
 
-        check_layout(self.weights, vae=True)
-        return load_flux_vae(self.weights / "ae.safetensors", self.dtype, self.device)
+            check_layout(self.weights, vae=True)
+            return load_flux_vae(self.weights / "ae.safetensors", self.dtype, self.device)
 
     @property
     def net(self) -> Any:
+        """The live ``net`` (loops use the version their request pinned: ``component("net", version)``)."""
         return self.component("net")
 
     @property
@@ -111,12 +126,10 @@ class BagelModel:
         return str(self.dtype).removeprefix("torch.")
 
     def resident_bytes(self) -> int:
-        """Bytes admission reserves: the resident components' parameters and buffers, plus the KV pool at
-        its budget (allocated whole on first use; its pages are admitted per request, see the loops'
-        ``kv_need``)."""
-        modules = [m for m in self._components.values() if isinstance(m, torch.nn.Module)]
-        weights = sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
-        return weights + (self.card.caches["kv"].max_bytes or DEFAULT_KV_BYTES)
+        """Bytes admission reserves: the resident components' parameters and buffers (retired versions a
+        running request still pins included), plus the KV pool at its budget (allocated whole on first
+        use; its pages are admitted per request, see the loops' ``kv_need``)."""
+        return self.weights_bytes() + (self.card.caches["kv"].max_bytes or DEFAULT_KV_BYTES)
 
 
 def _check_kernels(card: ModelCard, kernels: dict[str, Any] | None) -> dict[str, Any]:

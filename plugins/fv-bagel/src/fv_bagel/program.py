@@ -2,7 +2,9 @@
 stage decodes a plan under BAGEL's generation-thinking system prompt, keeping its context after the
 system prompt and after the prompt; the denoise stage reuses those caches as its text- and
 image-unconditioned contexts and appends the thinking to the conditional one. The KV passes between
-the stages in memory (``Request.carry``) on the one resident network: nothing is prefilled twice."""
+the stages in memory (``Request.carry``) on the one resident network: nothing is prefilled twice. The
+carry also holds the weights versions the AR stage pinned, so a weight sync landing meanwhile leaves the
+denoise stage on the weights that wrote the keys/values it reuses."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ def image(request: Request, results: dict[str, LoopResult]) -> Request:
     p = request.params
     params = ImageParams(**{k: getattr(p, k) for k in ImageParams.model_fields})
     thought = list(results.values())[-1].outputs
-    return replace(
-        request, params=params, carry={"contexts": thought["contexts"], "thinking": thought["text"]}
-    )
+    # the weights versions the AR stage pinned (they wrote the contexts): a weight sync between the
+    # stages leaves the whole program on the weights it started with
+    versions = list(results.values())[-1].metrics["weights_versions"]
+    carry = {"contexts": thought["contexts"], "thinking": thought["text"], "weights_versions": versions}
+    return replace(request, params=params, carry=carry)
