@@ -22,6 +22,7 @@ the same noise (:meth:`DistributionMatching.teacher_sample`), as each method sam
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -458,6 +459,9 @@ class DistributionMatching:
             self.gan_head.load_state_dict(load_file(folder / GAN_HEAD_FILE))
         load_optimizer(self.opt_g, folder / "generator_optimizer.safetensors")
         load_optimizer(self.opt_c, folder / "critic_optimizer.safetensors")
+        recipe = folder / "fv_recipe.json"  # the export beside the state: what it was trained for
+        if recipe.is_file():
+            self.steps_done = json.loads(recipe.read_text()).get("steps_done", self.steps_done)
 
     def teacher_recipe(self) -> dict[str, Any]:
         """The recipe's ``teacher`` entry: its card, weights and how it samples."""

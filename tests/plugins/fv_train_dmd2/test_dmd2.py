@@ -68,6 +68,8 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(trained, prompts,
     run = tmp_path / "run"
     shutil.copytree(out, run, ignore=shutil.ignore_patterns("checkpoint-4", "final"))
     resumed = DMD2Method(validate(dmd2_config(run, prompts, steps=4)))
+    resumed.load(run / "checkpoint-2")
+    assert resumed.steps_done == 2  # an export right after resuming names the steps trained
     assert train(resumed.cfg, resumed, progress=False)["resumed_from"] == 2
     for role in (Role.STUDENT, Role.CRITIC):
         a_params = method.roles[role]["transformer"].parameters()
