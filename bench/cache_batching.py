@@ -67,8 +67,8 @@ def measure(weights: str, steps: int, repeats: int) -> dict:
         return getattr(engine(cached, observers), mode)([req(i) for i in range(CONCURRENT)])
 
     runs = {
-        "solo_uncached": lambda: engine(False).run_one(*req(0)),
-        "solo_cached": lambda: engine(True).run_one(*req(0)),
+        "serial4_uncached": lambda: four(False, "run_serial"),
+        "serial4_cached": lambda: four(True, "run_serial"),
         "batched4_uncached": lambda: four(False, "run_batched"),
         "batched4_cached": lambda: four(True, "run_batched"),
         "interleaved4_cached_unbatched": lambda: four(True, "run_interleaved"),
@@ -78,7 +78,7 @@ def measure(weights: str, steps: int, repeats: int) -> dict:
         outs, times = rounds(runs, repeats)
         sizes = Sizes()
         batched = four(True, "run_batched", [sizes])
-        serial = four(True, "run_serial")
+    serial = outs["serial4_cached"]
     report = compare_results(serial, batched, "batched", tolerance=1e-4)
     stats = [r.metrics["cache_dit"] for r in batched]
     return {
@@ -90,9 +90,10 @@ def measure(weights: str, steps: int, repeats: int) -> dict:
             "cached_steps_per_request": [s["cached"] for s in stats],
             "computed_steps_per_request": [s["computed"] for s in stats],
         },
-        "psnr_solo_cached_vs_uncached_db": psnr(
-            outs["solo_cached"].outputs["frames"], outs["solo_uncached"].outputs["frames"]
-        ),
+        "psnr_solo_cached_vs_uncached_db": [
+            psnr(c.outputs["frames"], u.outputs["frames"])
+            for c, u in zip(serial, outs["serial4_uncached"], strict=True)
+        ],
     }
 
 
@@ -101,22 +102,18 @@ def derive(m: dict) -> dict:
     w = {name: v["min_s"] for name, v in m["times"].items()}
     out = {}
     for clock, c in (("cpu", t), ("wall", w)):
-        s = c["solo_uncached"] / c["solo_cached"]
-        gain = CONCURRENT * c["solo_uncached"] / c["batched4_cached"]
+        s = c["serial4_uncached"] / c["serial4_cached"]  # solo cached speedup of the 4 requests
+        b = c["serial4_uncached"] / c["batched4_uncached"]  # batching gain, uncached
+        g = c["serial4_uncached"] / c["batched4_cached"]  # both: vs the 4 run uncached one by one
         out[clock] = {
             "solo_cached_speedup": s,
-            "batched4_cached_throughput_vs_one_uncached": gain,
+            "batching_gain_uncached": b,
+            "batching_gain_cached": c["serial4_cached"] / c["batched4_cached"],
+            "batched4_cached_throughput_vs_one_uncached": g,
+            "composition": g / (b * s),
             "goal_4x_solo_cached_speedup": CONCURRENT * s,
-            "ratio_to_goal": gain / (CONCURRENT * s),
-            "batched4_uncached_throughput_vs_one_uncached": CONCURRENT
-            * c["solo_uncached"]
-            / c["batched4_uncached"],
-            "cached_speedup_within_batches": c["batched4_uncached"] / c["batched4_cached"],
-            "cached_speedup_within_batches_over_solo_speedup": c["batched4_uncached"]
-            / c["batched4_cached"]
-            / s,
-            "unbatched_interleaved4_cached_throughput_vs_one_uncached": CONCURRENT
-            * c["solo_uncached"]
+            "ratio_to_goal": g / (CONCURRENT * s),
+            "unbatched_interleaved4_cached_throughput_vs_one_uncached": c["serial4_uncached"]
             / c["interleaved4_cached_unbatched"],
         }
     return out
@@ -132,14 +129,15 @@ def plot(path: Path, d: dict) -> None:
     bars = {
         "1 uncached": 1.0,
         "1 FBCache": c["solo_cached_speedup"],
-        "4 uncached\nbatched": c["batched4_uncached_throughput_vs_one_uncached"],
+        "4 uncached\nbatched": c["batching_gain_uncached"],
         "4 FBCache\ninterleaved\n(unbatched)": c["unbatched_interleaved4_cached_throughput_vs_one_uncached"],
         "4 FBCache\nbatched": c["batched4_cached_throughput_vs_one_uncached"],
     }
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.bar(list(bars), list(bars.values()), color=["#999", "#6a6", "#999", "#c96", "#393"])
-    ax.axhline(c["goal_4x_solo_cached_speedup"], color="r", ls="--", label="goal: 4 x solo FBCache speedup")
-    ax.axhline(0.9 * c["goal_4x_solo_cached_speedup"], color="r", ls=":", label="0.9 x goal")
+    multiplied = c["batching_gain_uncached"] * c["solo_cached_speedup"]
+    ax.axhline(multiplied, color="b", ls="--", label="batching gain x solo FBCache speedup")
+    ax.axhline(0.9 * multiplied, color="b", ls=":", label="0.9 x that")
     ax.set_ylabel("throughput vs one uncached request (CPU time)")
     ax.set_title("FBCache with step batching, medium Wan, 1 CPU thread")
     ax.legend(fontsize=8)
@@ -177,11 +175,13 @@ def main() -> None:
         **m,
         "derived": d,
         "goal": "4 concurrent FBCache requests reach >= 0.9 x (4 x their solo cached speedup)",
-        "goal_met_cpu": d["cpu"]["ratio_to_goal"] >= 0.9,
-        "note": "throughputs relative to one uncached request run alone; 'cpu' uses min CPU time over repeats "
-        "(robust on a shared machine), 'wall' min wall time. The goal assumes a batch of 4 costs about one "
-        "request (a GPU); on one CPU thread a batch of 4 costs about 4, so the composition of the two "
-        "speedups is 'cached_speedup_within_batches_over_solo_speedup'.",
+        "goal_met_literal_cpu": d["cpu"]["ratio_to_goal"] >= 0.9,
+        "composition_met_cpu": d["cpu"]["composition"] >= 0.9,
+        "note": "throughputs relative to one uncached request run alone (the 4 run one by one, per request); "
+        "'cpu' uses min CPU time over repeats (robust on a shared machine), 'wall' min wall time. The literal "
+        "goal assumes a batch of 4 costs about one request (a GPU: batching gain 4); on one CPU thread a batch "
+        "of 4 costs nearly 4 (the batching gain is ~1.1-1.3), so what CPU can measure is whether caching and "
+        "batching multiply: 'composition' = gain with both / (batching gain x solo cached speedup).",
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
