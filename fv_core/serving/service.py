@@ -54,10 +54,10 @@ from fv_core.serving.schemas import (
     WeightsSynced,
 )
 from fv_core.serving.stream import VideoChunks
-from fv_core.serving.weight_log import WeightLog, tensor_names
+from fv_core.serving.weight_log import WeightLog
 
 if TYPE_CHECKING:
-    from fv_core.training.sync import StagedSync, SyncResult
+    from fv_core.training.sync import SyncResult
 
 log = logging.getLogger("fv.serving")
 WATCH_S = 0.2  # shared store: how often a replica looks for its jobs deleted through another replica
@@ -120,10 +120,10 @@ class Service:
         self.sweep()
         await self.engine.start()
         if self._weights is not None:  # a fleet replica takes jobs on the fleet's weights
+            for name in self.models:  # pushes from now on wait for this replica too
+                self._weights.applied(name, 0)
             async with self._sync_lock:
                 await self._catch_up()
-            for name in self.models:
-                self._weights.applied(name, self._weights_seq)
         self._start_requeue()
         if self.store.shared:
             self._watcher = asyncio.create_task(self._watch())
@@ -234,8 +234,20 @@ class Service:
         through another replica, apply the weight syncs other replicas received, and now and then take
         over the jobs of replicas that stopped."""
         last_recovery, cancelled = time.monotonic(), set[str]()
+        weights_retry = 0.0  # after a sync failed here, when to try it again
         while True:
             await asyncio.sleep(WATCH_S)
+            if (
+                self._weights is not None
+                and time.monotonic() >= weights_retry
+                and not self._sync_lock.locked()
+            ):
+                try:
+                    async with self._sync_lock:
+                        await self._catch_up()
+                except Exception:  # recorded for the pusher; later syncs wait behind it
+                    log.exception("applying the fleet's weight sync after %d failed", self._weights_seq)
+                    weights_retry = time.monotonic() + RECOVER_S
             try:
                 cancelled &= set(self.live)
                 for job_id in set(self.store.missing(list(self.live))) - cancelled:
@@ -243,9 +255,6 @@ class Service:
                     if rid is not None:
                         self.engine.cancel(rid, "the video was deleted")
                         cancelled.add(job_id)
-                if self._weights is not None and not self._sync_lock.locked():
-                    async with self._sync_lock:
-                        await self._catch_up()
                 if not self.draining and time.monotonic() - last_recovery >= RECOVER_S:
                     last_recovery = time.monotonic()
                     if self.store.recover():
@@ -451,9 +460,9 @@ class Service:
         """Put a trainer's weights live (``fv_core.training.sync``): checked and staged off the engine's
         thread while generation goes on, swapped in between two of its ticks. Jobs accepted before
         finish on the weights they started with; bad plans and tensors answer 400, version clashes
-        409, and change nothing. A fleet replica also logs the sync for every replica
-        (``weight_log``) and answers once they all applied it, or after ``FLEET_SYNC_WAIT_S``."""
-        from fv_core.training.sync import WeightSyncPlan, stage_sync
+        409, and change nothing. A fleet replica puts it live on every replica (``weight_log``) and
+        answers once they all applied it, or after ``FLEET_SYNC_WAIT_S``."""
+        from fv_core.training.sync import WeightSyncPlan
 
         served = self.model(model)
         try:
@@ -461,29 +470,25 @@ class Service:
         except ValidationError as exc:
             message = explain(exc, "weight sync plan", WeightSyncPlan.model_fields)
             raise ApiError(400, message, "invalid_plan", "plan") from None
-        seq = None
+        seq = 0  # a fleet's: the sync's place in its log
         async with self._sync_lock:
             try:
-                staged = await asyncio.to_thread(stage_sync, served.loaded, plan, weights)
                 if self._weights is None:
-                    result = await asyncio.wrap_future(self.engine.at_boundary(staged.apply))
+                    result = await self._apply(served, plan, weights)
                 else:
-                    seq = self._weights.publish(
-                        served.name, plan.model_dump_json(), weights, tensor_names(weights)
-                    )
-                    result = await self._catch_up((seq, staged))
+                    async with self._weights.lock():
+                        result, seq = await self._fleet_push(served, plan, weights)
             except WeightsError as exc:
                 raise ApiError(400, str(exc), "invalid_weights", "weights") from None
             except ConfigError as exc:
                 if exc.param == "version":
                     raise ApiError(409, str(exc), "version_conflict", "plan") from None
                 raise ApiError(400, str(exc), "invalid_plan", "plan") from None
-        assert result is not None  # a sync of its own is applied or raises
         log.info(
             "weights of %s synced: %s (role %s; %d cache entries dropped; %d requests finish on the previous)",
             served.name, result.versions, result.role, result.cache_entries_dropped, len(result.pinned),
         )  # fmt: skip
-        fleet = {} if seq is None else await self._fleet_caught_up(served.name, seq)
+        fleet = await self._fleet_caught_up(served.name, seq) if seq else {}
         return WeightsSynced(
             model=served.name,
             role=result.role,
@@ -495,50 +500,67 @@ class Service:
             **fleet,
         )
 
-    async def _catch_up(self, own: tuple[int, StagedSync] | None = None) -> SyncResult | None:
-        """Apply the fleet's logged syncs this replica has not applied yet, oldest first (the caller
-        holds ``_sync_lock``). ``own``: (seq, staged sync) of the one this replica received, whose
-        SyncResult is returned and whose error is raised; others' errors are logged and recorded."""
-        from fv_core.training.sync import WeightSyncPlan, stage_sync
+    async def _apply(self, served: ServedModel, plan: Any, weights: bytes) -> SyncResult:
+        """Stage ``weights`` off the engine's thread, then swap them in at its next step boundary."""
+        from fv_core.training.sync import stage_sync
+
+        staged = await asyncio.to_thread(stage_sync, served.loaded, plan, weights)
+        return await asyncio.wrap_future(self.engine.at_boundary(staged.apply))
+
+    async def _fleet_push(self, served: ServedModel, plan: Any, weights: bytes) -> tuple[SyncResult, int]:
+        """A push this fleet replica received (under the fleet's sync lock): on the fleet's weights,
+        checked, logged pending, put live here, then settled for the others. Returns its seq."""
+        assert self._weights is not None
+        try:
+            await self._catch_up()
+        except Exception as exc:
+            raise ApiError(
+                503,
+                f"this replica cannot apply the fleet's earlier weight syncs ({exc}), so it cannot check this "
+                "one against the fleet's weights. Fix: push again (through another replica).",
+                "replica_behind",
+            ) from None
+        self._weights.check_new(served.name, plan.components, plan.version)
+        sync = await asyncio.to_thread(self._weights.publish, served.name, plan.model_dump_json(), weights)
+        try:
+            result = await self._apply(served, plan, weights)
+        except BaseException:
+            self._weights.withdraw(sync)
+            raise
+        self._weights.settle(sync, result.versions)
+        self._weights_seq = sync.seq
+        self._weights.applied(served.name, sync.seq)
+        return result, sync.seq
+
+    async def _catch_up(self) -> None:
+        """Apply the fleet's settled syncs this replica lacks, oldest first (the caller holds
+        ``_sync_lock``). One that fails here is recorded and raised; the later ones wait behind it, so
+        a replica never runs weights out of the fleet's order."""
+        from fv_core.training.sync import WeightSyncPlan
 
         assert self._weights is not None
-        own_seq, own_staged = own or (0, None)  # seqs start at 1
-        result = None
-        for sync in self._weights.after(self._weights_seq, list(self.models)):
-            served, mine, error = self.models[sync.model], sync.seq == own_seq, None
+        for sync in await asyncio.to_thread(self._weights.after, self._weights_seq, list(self.models)):
             try:
-                staged = own_staged if mine else None
-                live = served.loaded.instance.weights_versions
-                if staged is None or any(live[n] != version for n, version in staged.base.items()):
-                    plan = WeightSyncPlan.model_validate_json(sync.plan)  # staged anew on the live weights
-                    staged = await asyncio.to_thread(stage_sync, served.loaded, plan, sync.path.read_bytes())
-                applied = await asyncio.wrap_future(self.engine.at_boundary(staged.apply))
+                payload = await asyncio.to_thread(sync.path.read_bytes)
             except FileNotFoundError:  # compacted away meanwhile: later syncs replace all of it
-                applied = None
-            except (ConfigError, WeightsError) as exc:
-                if mine:
-                    self._weights.settle(sync, ok=False)
-                    raise
-                log.error("fleet weight sync %d of %s failed here: %s", sync.seq, sync.model, exc)
-                error = str(exc)
-            if mine:
-                self._weights.settle(sync, ok=True)
-                result = applied
+                payload = None
+            try:
+                if payload is not None:
+                    plan = WeightSyncPlan.model_validate_json(sync.plan)
+                    await self._apply(self.models[sync.model], plan, payload)
+            except Exception as exc:
+                self._weights.failed(sync.seq, f"{type(exc).__name__}: {exc}")
+                raise
             self._weights_seq = sync.seq
-            self._weights.applied(sync.model, sync.seq, error)
-        return result
+            self._weights.applied(sync.model, sync.seq)
 
     async def _fleet_caught_up(self, model: str, seq: int) -> dict[str, Any]:
         """Wait (up to ``FLEET_SYNC_WAIT_S``) until every live replica of ``model`` applied sync ``seq``."""
         assert self._weights is not None
         deadline = time.monotonic() + FLEET_SYNC_WAIT_S
         while (behind := self._weights.behind(model, seq)) and time.monotonic() < deadline:
-            await asyncio.sleep(WATCH_S / 4)
-        return {
-            "fleet_seq": seq,
-            "replicas_behind": behind,
-            "replica_errors": self._weights.failures(model, seq),
-        }
+            await asyncio.sleep(WATCH_S)
+        return {"fleet_seq": seq, "replicas_behind": behind, "replica_errors": self._weights.failures(seq)}
 
     # -- shared ---------------------------------------------------------------------------------------
 

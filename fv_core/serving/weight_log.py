@@ -1,30 +1,38 @@
 """Weight syncs shared by a fleet: every replica on one data dir applies every sync, in one order.
 
 A fleet (replicas on one shared data dir, ``JobStore`` shared mode) takes a trainer's push on
-whichever replica the proxy picks. That replica checks it, writes the payload under
-``weights/`` and appends a row to ``weight_syncs``; each replica (the receiver too) applies the
-rows it has not applied yet, oldest first, at a step boundary of its own engine, and records how
-far it got in ``weight_applied``. A replica that starts later applies the whole log before it
-takes jobs, so every replica serves the same weights once it has caught up.
+whichever replica the proxy picks. Under the fleet's sync lock (``weights/.lock``, one push at a
+time across the fleet) that replica first applies every logged sync it lacks, so it checks the
+push against the fleet's weights; then it writes the payload under ``weights/``, logs a pending
+row in ``weight_syncs``, puts the sync live itself and settles the row (or withdraws it, when that
+failed). The other replicas apply settled rows only, oldest first, each at a step boundary of its
+own engine, and record how far they got in ``weight_applied``; a replica that starts later
+applies the whole log before it takes jobs. So every replica runs the same sequence of weights.
 
-Once its receiver has applied it, a sync settles: if it failed there (a version clash), its row
-goes, as it fails alike on every replica applying the same order; if it went live, the earlier
-syncs of the model whose every tensor the settled ones replace are compacted away (row and file),
-since applying the later rows alone ends on the same weights.
+A sync's version must be new to the fleet (never logged before for that component): no replica
+can then hold it, live or retired, and the version check cannot pass on one replica and fail on
+another. Settling compacts the log: an earlier sync whose every tensor later syncs replace goes
+(row and file), since applying the later ones alone ends on the same weights.
 """
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import json
-import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fv_core.errors import ConfigError
+
 if TYPE_CHECKING:
     from fv_core.serving.jobs import JobStore
 
+LOCK_POLL_S = 0.05  # how often a push waiting for the fleet's sync lock tries again
 _SCHEMA = (
     """
 CREATE TABLE IF NOT EXISTS weight_syncs (
@@ -33,9 +41,15 @@ CREATE TABLE IF NOT EXISTS weight_syncs (
     plan TEXT NOT NULL,
     tensors TEXT NOT NULL,
     file TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    owner TEXT,
-    ok INTEGER
+    settled INTEGER NOT NULL DEFAULT 0
+)
+""",
+    """
+CREATE TABLE IF NOT EXISTS weight_versions (
+    model TEXT NOT NULL,
+    component TEXT NOT NULL,
+    version TEXT NOT NULL,
+    PRIMARY KEY (model, component, version)
 )
 """,
     """
@@ -43,8 +57,15 @@ CREATE TABLE IF NOT EXISTS weight_applied (
     owner TEXT NOT NULL,
     model TEXT NOT NULL,
     seq INTEGER NOT NULL,
-    error TEXT,
     PRIMARY KEY (owner, model)
+)
+""",
+    """
+CREATE TABLE IF NOT EXISTS weight_errors (
+    owner TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    PRIMARY KEY (owner, seq)
 )
 """,
 )
@@ -74,75 +95,119 @@ class WeightLog:
     """The fleet's weight syncs, on a shared ``JobStore``'s database and data dir."""
 
     def __init__(self, store: JobStore) -> None:
-        self.store, self.db = store, store.db
+        self.owner, self.gone, self.db = store.owner or "", store.gone, store.db
         self.folder = store.root / "weights"
         self.folder.mkdir(exist_ok=True)
         for table in _SCHEMA:
             self.db.execute(table)
 
-    def publish(self, model: str, plan_json: str, payload: bytes, tensors: dict[str, list[str]]) -> int:
-        """Append a checked sync (``tensors``: component -> its tensor names); returns its seq. The
-        receiver then applies it in order with the others and ``settle``s it."""
+    @asynccontextmanager
+    async def lock(self) -> AsyncIterator[None]:
+        """The fleet's sync lock (a flock every replica on the host sees), polled so a cancelled push
+        never leaves it held."""
+        with (self.folder / ".lock").open("a+") as handle:
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(LOCK_POLL_S)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def check_new(self, model: str, components: list[str], version: str) -> None:
+        """Refuse a version the fleet has logged before for one of ``components`` (under the lock)."""
+        for component in components:
+            row = self.db.execute(
+                "SELECT 1 FROM weight_versions WHERE model=? AND component=? AND version=?",
+                (model, component, version),
+            ).fetchone()
+            if row:
+                raise ConfigError(
+                    f"version {version!r} of {component!r} was synced to this fleet before; replicas may "
+                    "still hold it for running requests, and cached features are keyed by it. Fix: give "
+                    "these weights a new version.",
+                    param="version",
+                )
+
+    def publish(self, model: str, plan_json: str, payload: bytes) -> LoggedSync:
+        """Log a checked sync as pending (under the lock); the caller applies it, then ``settle``s or
+        ``withdraw``s it. A pending row left by a receiver that died goes first."""
+        for (file,) in self.db.execute("SELECT file FROM weight_syncs WHERE settled=0").fetchall():
+            (self.folder / file).unlink(missing_ok=True)
+        self.db.execute("DELETE FROM weight_syncs WHERE settled=0")
         path = self.folder / f"{uuid.uuid4().hex}.safetensors"
         partial = path.with_suffix(".partial")
         partial.write_bytes(payload)
         partial.rename(path)  # readers never see half a file
-        cur = self.db.execute(
-            "INSERT INTO weight_syncs (model, plan, tensors, file, created_at, owner) VALUES (?, ?, ?, ?, ?, ?)",
-            (model, plan_json, json.dumps(tensors), path.name, int(time.time()), self.store.owner),
-        )
-        return int(cur.lastrowid or 0)
+        try:
+            cur = self.db.execute(
+                "INSERT INTO weight_syncs (model, plan, tensors, file) VALUES (?, ?, ?, ?)",
+                (model, plan_json, json.dumps(tensor_names(payload)), path.name),
+            )
+        except Exception:
+            path.unlink(missing_ok=True)
+            raise
+        return LoggedSync(int(cur.lastrowid or 0), model, plan_json, path)
 
-    def settle(self, sync: LoggedSync, ok: bool) -> None:
-        """The receiver applied ``sync``: keep it (and compact what it replaces) or withdraw it."""
-        if not ok:
-            self.db.execute("DELETE FROM weight_syncs WHERE seq=?", (sync.seq,))
-            sync.path.unlink(missing_ok=True)
-            return
-        self.db.execute("UPDATE weight_syncs SET ok=1 WHERE seq=?", (sync.seq,))
+    def settle(self, sync: LoggedSync, versions: dict[str, str]) -> None:
+        """``sync`` is live on its receiver: every replica applies it now. Compacts the log."""
+        self.db.execute("UPDATE weight_syncs SET settled=1 WHERE seq=?", (sync.seq,))
+        self.db.executemany(
+            "INSERT OR IGNORE INTO weight_versions (model, component, version) VALUES (?, ?, ?)",
+            [(sync.model, component, version) for component, version in versions.items()],
+        )
         self._compact(sync.model)
 
+    def withdraw(self, sync: LoggedSync) -> None:
+        """``sync`` failed on its receiver: no replica applies it."""
+        self.db.execute("DELETE FROM weight_syncs WHERE seq=?", (sync.seq,))
+        sync.path.unlink(missing_ok=True)
+
     def after(self, seq: int, models: list[str]) -> list[LoggedSync]:
-        """The syncs of ``models`` after ``seq``, oldest first."""
+        """The settled syncs of ``models`` after ``seq``, oldest first."""
         rows = self.db.execute(
-            "SELECT seq, model, plan, file FROM weight_syncs WHERE seq > ? ORDER BY seq", (seq,)
+            "SELECT seq, model, plan, file FROM weight_syncs WHERE seq > ? AND settled=1 ORDER BY seq", (seq,)
         ).fetchall()
         return [LoggedSync(s, m, p, self.folder / f) for s, m, p, f in rows if m in models]
 
-    def applied(self, model: str, seq: int, error: str | None = None) -> None:
-        """Record that this replica has applied ``model``'s syncs up to ``seq`` (``error``: the last failed)."""
+    def applied(self, model: str, seq: int) -> None:
+        """Record that this replica has applied ``model``'s syncs up to ``seq``."""
         self.db.execute(
-            "INSERT INTO weight_applied (owner, model, seq, error) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (owner, model) DO UPDATE SET seq=excluded.seq, error=excluded.error",
-            (self.store.owner, model, seq, error),
+            "INSERT INTO weight_applied (owner, model, seq) VALUES (?, ?, ?) "
+            "ON CONFLICT (owner, model) DO UPDATE SET seq=excluded.seq",
+            (self.owner, model, seq),
+        )
+
+    def failed(self, seq: int, error: str) -> None:
+        """Record that sync ``seq`` failed on this replica (it stays behind and tries again)."""
+        self.db.execute(
+            "INSERT OR REPLACE INTO weight_errors (owner, seq, error) VALUES (?, ?, ?)",
+            (self.owner, seq, error[:2000]),
         )
 
     def behind(self, model: str, seq: int) -> list[str]:
         """The live replicas serving ``model`` that have not applied up to ``seq`` yet."""
-        rows = self.db.execute(
-            "SELECT owner FROM weight_applied WHERE model=? AND seq<?", (model, seq)
-        ).fetchall()
-        return sorted(owner for (owner,) in rows if not self.store.gone(owner))
+        rows = self.db.execute("SELECT owner FROM weight_applied WHERE model=? AND seq<?", (model, seq))
+        return sorted(owner for (owner,) in rows.fetchall() if not self.gone(owner))
 
-    def failures(self, model: str, seq: int) -> dict[str, str]:
-        """Replica -> the error it met applying ``model``'s sync ``seq``."""
-        rows = self.db.execute(
-            "SELECT owner, error FROM weight_applied WHERE model=? AND seq=? AND error IS NOT NULL",
-            (model, seq),
-        ).fetchall()
-        return dict(rows)
+    def failures(self, seq: int) -> dict[str, str]:
+        """Replica -> the error it met applying sync ``seq``."""
+        return dict(self.db.execute("SELECT owner, error FROM weight_errors WHERE seq=?", (seq,)).fetchall())
 
     def _compact(self, model: str) -> None:
-        """Drop the syncs of ``model`` whose every tensor a later settled sync replaces."""
+        """Drop the settled syncs of ``model`` whose every tensor later syncs replace."""
         rows = self.db.execute(
-            "SELECT seq, tensors, file, ok FROM weight_syncs WHERE model=? ORDER BY seq DESC", (model,)
+            "SELECT seq, tensors, file FROM weight_syncs WHERE model=? AND settled=1 ORDER BY seq DESC",
+            (model,),
         ).fetchall()
-        later: dict[str, set[str]] = {}  # component -> tensors the newer settled syncs replace
-        for seq, tensors, file, ok in rows:
+        later: dict[str, set[str]] = {}  # component -> tensors the newer syncs replace
+        for seq, tensors, file in rows:
             names = {component: set(keys) for component, keys in json.loads(tensors).items()}
             if later and all(keys <= later.get(component, set()) for component, keys in names.items()):
                 self.db.execute("DELETE FROM weight_syncs WHERE seq=?", (seq,))
                 (self.folder / file).unlink(missing_ok=True)
-            elif ok:
-                for component, keys in names.items():
-                    later.setdefault(component, set()).update(keys)
+            for component, keys in names.items():
+                later.setdefault(component, set()).update(keys)

@@ -1,13 +1,15 @@
 """Weight sync across a fleet: replicas on one shared data dir (real servers, real SQLite log and files).
 
 A trainer pushes to whichever replica the proxy picks; every replica applies every push in the
-log's order, a replica that starts later comes up on the fleet's weights, and a push whose
-tensors later pushes replace all over is compacted out of the log.
+log's order (two pushes at once through two replicas included), a replica that starts later comes
+up on the fleet's weights, a version synced before is refused, and a push whose tensors later
+pushes replace all over is compacted out of the log.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -75,50 +77,80 @@ def test_a_push_to_one_replica_reaches_every_replica_and_those_started_later(hos
         assert synced["fleet_seq"] == 2 and synced["replicas_behind"] == []
         assert_holds(a, "step-2", {**first, **second})
 
-        with pytest.raises(ConfigError, match="HTTP 409"):  # a clash changes nothing and logs nothing
-            push_weights(a.url, WeightSyncPlan(components=["transformer"], version="step-2"), first)
+        for version in ("step-2", "step-1"):  # live, or synced before: refused, changing nothing
+            with pytest.raises(ConfigError, match="HTTP 409"):
+                push_weights(a.url, WeightSyncPlan(components=["transformer"], version=version), first)
         rows = a.service._weights.after(0, [TINY])
         assert [r.seq for r in rows] == [1, 2]  # step-2 replaces only 3 tensors: step-1 stays
 
         with ServerThread(deploy, host, replica="c") as c:  # a replica started after the pushes
             assert_holds(c, "step-2", {**first, **second})
-            assert torch.equal(
-                torch.cat([p.flatten() for p in transformer(c).parameters()]),
-                torch.cat([p.flatten() for p in transformer(a).parameters()]),
-            )
-            third = shifted(c, 3)  # every tensor: the two earlier pushes compact away
-            synced = push_weights(c.url, WeightSyncPlan(components=["transformer"], version="step-3"), third)
-            assert synced["fleet_seq"] == 3 and synced["replicas_behind"] == []
+            assert same_weights(c, a)
+
+            pushes = [(a, shifted(a, 4, keep=5), "step-3a"), (b, shifted(b, 5, keep=4), "step-3b")]
+            with ThreadPoolExecutor(2) as pool:  # at once, through two replicas, over the same tensors
+                answers = list(pool.map(lambda p: push_weights(p[0].url, plan(p[2]), p[1]), pushes))
+            assert sorted(x["fleet_seq"] for x in answers) == [3, 4]
+            last = max(answers, key=lambda x: x["fleet_seq"])["versions"]["transformer"]
+            for server in (a, b, c):  # one order everywhere: the same weights on every replica
+                assert server.service.models[TINY].loaded.instance.weights_versions["transformer"] == last
+                assert same_weights(server, a)
+
+            full = shifted(c, 6)  # every tensor: the earlier pushes compact away
+            synced = push_weights(c.url, plan("step-4"), full)
+            assert synced["fleet_seq"] == 5 and synced["replicas_behind"] == []
             [kept] = a.service._weights.after(0, [TINY])
-            assert kept.seq == 3 and [p.name for p in log.iterdir()] == [kept.path.name]
+            assert kept.seq == 5 and [p.name for p in log.glob("*.safetensors")] == [kept.path.name]
             for server in (a, b, c):
-                assert_holds(server, "step-3", third)
+                assert_holds(server, "step-4", full)
 
 
-def test_a_failed_sync_is_withdrawn_and_only_settled_syncs_replace_earlier_ones(tmp_path):
+def plan(version: str) -> WeightSyncPlan:
+    return WeightSyncPlan(components=["transformer"], version=version)
+
+
+def same_weights(one: ServerThread, other: ServerThread) -> bool:
+    a, b = transformer(one).state_dict(), transformer(other).state_dict()
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_log_serves_settled_syncs_in_order_and_compacts_replaced_ones(tmp_path):
     store = JobStore(tmp_path, owner="replica-a")
     log = WeightLog(store)
 
     def publish(*names: str) -> LoggedSync:
-        seq = log.publish(TINY, "{}", b"payload", {"transformer": list(names)})
-        return next(s for s in log.after(seq - 1, [TINY]) if s.seq == seq)
+        return log.publish(TINY, "{}", encode_names(names))
 
     first = publish("a", "b")
-    log.settle(first, ok=True)
-    clash = publish("a", "b")  # not settled yet: replaces nothing
-    assert [s.seq for s in log.after(0, [TINY])] == [first.seq, clash.seq] and log.after(0, ["other"]) == []
-    log.settle(clash, ok=False)  # it failed on its receiver: it would fail on every replica
-    assert [s.seq for s in log.after(0, [TINY])] == [first.seq] and not clash.path.exists()
+    assert log.after(0, [TINY]) == []  # pending: its receiver has not put it live yet
+    log.settle(first, {"transformer": "v1"})
+    failed = publish("a", "b")
+    log.withdraw(failed)  # it failed on its receiver: no replica applies it
+    assert [s.seq for s in log.after(0, [TINY])] == [first.seq] and not failed.path.exists()
+    dead = publish("a")  # a receiver that died before settling: the next push drops it
     partial = publish("a")
-    log.settle(partial, ok=True)
+    assert not dead.path.exists()
+    log.settle(partial, {"transformer": "v2"})
     assert [s.seq for s in log.after(0, [TINY])] == [first.seq, partial.seq]  # "b" is only in the first
+    assert log.after(first.seq, [TINY])[0].seq == partial.seq and log.after(0, ["other"]) == []
     full = publish("a", "b", "c")
-    log.settle(full, ok=True)
+    log.settle(full, {"transformer": "v3"})
     assert [s.seq for s in log.after(0, [TINY])] == [full.seq]
     assert not first.path.exists() and not partial.path.exists() and full.path.exists()
+    for version in ("v1", "v2", "v3"):  # compacted or not, a version is never taken again
+        with pytest.raises(ConfigError, match=f"version '{version}' of 'transformer' was synced"):
+            log.check_new(TINY, ["transformer"], version)
+    log.check_new(TINY, ["transformer"], "v4")
 
     log.applied(TINY, full.seq)
     assert log.behind(TINY, full.seq) == [] and log.behind(TINY, full.seq + 1) == ["replica-a"]
-    log.applied(TINY, full.seq + 1, "shape mismatch")
-    assert log.failures(TINY, full.seq + 1) == {"replica-a": "shape mismatch"}
+    log.failed(full.seq, "OutOfMemoryError: ...")
+    log.applied(TINY, full.seq + 1)
+    assert log.failures(full.seq) == {"replica-a": "OutOfMemoryError: ..."}  # kept per sync
     store.close()
+
+
+def encode_names(names: tuple[str, ...]) -> bytes:
+    from safetensors.torch import save
+
+    return save({f"transformer.{n}": torch.zeros(1) for n in names})
