@@ -460,9 +460,8 @@ class ChatLoop(_Base):
             kind=WorkUnitKind.AR_TOKEN,
             body=partial(text_body, self._net(state), inst.exact, True),
             inputs=inputs,
-            batch_key=self._key(
-                state, "ar_decode", ()
-            ),  # any context lengths share a call: padded to the longest
+            # any context lengths share a call: padded to the longest
+            batch_key=self._key(state, "ar_decode", ()),
             ragged=RAGGED_CONTEXT,
             emits=("progress", "partial"),
             label=f"token {len(state.values['generated']) + 1}",
