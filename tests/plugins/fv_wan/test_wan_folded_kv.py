@@ -1,6 +1,6 @@
-"""Folded text keys/values: a request holds its prompt's positions, not the 512 padded ones, and the
-denoise body unfolds them one block and one row group at a time, bit for bit (also zero-padded in a
-batch of folds)."""
+"""Folded text keys/values: a request holds its prompt's positions, not the 512 padded ones. A call of
+one row unfolds them one block at a time, bit for bit; a call of several rows (zero-padded to the
+longest fold) attends to the folds with the repeated position's multiplicity, equal within rounding."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from fv_core.extend import BLOCKS_INPUT
 from fv_core.loop.runner import run_plan
 from fv_core.runtime import Engine
 from fv_core.runtime.batching import padded
-from fv_wan import transformer as transformer_module
 from fv_wan.loop import WanLoop, denoise_body
 from fv_wan.transformer import folded_text_kv, text_kv
 
@@ -48,17 +47,13 @@ def test_folded_text_kv_unfolds_to_text_kv_bit_for_bit(tiny_path):
         assert torch.equal(_bits(RepeatedTail(head, full.shape[-2], -2).expand()), _bits(full[row]))
 
 
-@pytest.mark.parametrize(
-    "unfold_bytes,length",
-    [(transformer_module.UNFOLD_BYTES, None), (1, None), (transformer_module.UNFOLD_BYTES, "longest")],
-    ids=["one_group", "row_by_row", "a_row_holds_every_position"],
-)
-def test_denoise_body_on_a_batch_of_folds_matches_full_keys_values(
-    tiny_path, monkeypatch, unfold_bytes, length
-):
+FOLDED_ATOL = 1e-5  # the folded attention against the unfolded one: float rounding only
+
+
+@pytest.mark.parametrize("length", [None, "longest"], ids=["padded", "a_row_holds_every_position"])
+def test_denoise_body_on_folds_matches_full_keys_values(tiny_path, length):
     """``length="longest"``: the text is cut to the longest prompt's fold, so that row holds every
-    position and only the other rows' zero padding needs filling."""
-    monkeypatch.setattr(transformer_module, "UNFOLD_BYTES", unfold_bytes)  # 1: each row unfolds alone
+    position (its repeated one counts once)."""
     model = tiny_instance(tiny_path)
     text = _embeds(model, "a cat", "a red car driving in the city at night", "a dog")
     transformer = model.component("transformer")
@@ -75,9 +70,26 @@ def test_denoise_body_on_a_batch_of_folds_matches_full_keys_values(
         kv = torch.cat(padded([f[0] for f in folds], 3))  # what the runtime's ragged concatenation makes
         rows = torch.cat([f[1] for f in folds])
         inputs = {**step, "kv": kv, "kv_rows": rows, "kv_length": text.shape[1]}
-        folded = denoise_body(transformer, inputs)["velocity"]
+        batched = denoise_body(transformer, inputs)["velocity"]
+        uncounted = denoise_body(transformer, {**inputs, "kv_length": int(rows.max())})["velocity"]
+        alone = [
+            denoise_body(
+                transformer,
+                {**step, "latents": latents[i : i + 1], "timestep": step["timestep"][:1], "kv": kv_i}
+                | {"kv_rows": rows_i, "kv_length": text.shape[1]},
+            )["velocity"]
+            for i, (kv_i, rows_i) in enumerate(folds)
+        ]
     assert folds[0][0].shape[-2] != folds[1][0].shape[-2]
-    assert torch.equal(_bits(folded), _bits(full))
+    assert (batched - full).abs().max() <= FOLDED_ATOL
+    if length is None:  # 512 positions: the multiplicity is what makes it equal
+        assert (uncounted - full).abs().max() > 100 * FOLDED_ATOL
+    for i, one in enumerate(alone):  # a row alone unfolds: bit for bit its full keys/values
+        solo = denoise_body(
+            transformer,
+            {**step, "latents": latents[i : i + 1], "timestep": step["timestep"][:1], "kv": unfolded[i]},
+        )
+        assert torch.equal(_bits(one), _bits(solo["velocity"])), i
 
 
 def test_a_request_holds_its_prompt_positions_only(tiny_path):

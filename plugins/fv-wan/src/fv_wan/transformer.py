@@ -10,10 +10,14 @@ Wan2.2 TI2V, one per latent token ``[B, tokens]``.
 
 Text keys/values may come folded (``kv_rows``): padded prompts end in a run of
 bit-identical positions, so ``kv`` holds each row's first ``kv_rows[b]``
-positions (the last one the repeated one; zeros may pad the rest) and each
-block's full ``kv_length`` positions are rebuilt only while that block runs, a
-row group at a time (at most ``UNFOLD_BYTES``), bit for bit: a request holds its
-prompt's keys/values, not 512 padded ones.
+positions (the last one the repeated one; zeros may pad the rest in a batch):
+a request holds its prompt's keys/values, not 512 padded ones. A call of one
+row unfolds its block's full ``kv_length`` positions while that block runs, so
+a request alone stays bit for bit diffusers'. A call of several rows (a batch,
+or batched CFG) attends to the folds themselves, the repeated position counted
+as often as it repeats (its multiplicity as a logit bias, in float32): the same
+attention to within float rounding (the batched tolerance), at the cost of the
+prompt's length instead of 512.
 """
 
 from __future__ import annotations
@@ -28,13 +32,6 @@ from fv_core.cache import RepeatedTail, tail_start
 from fv_core.extend import BlockHook, BlockHooks, drive_blocks
 from fv_core.parallel import gather, shard
 from fv_wan.attention import token_grid
-
-# Most bytes of text keys/values one block's cross-attention unfolds at once (a batch of folded rows
-# unfolds a row group at a time): one row of the medium bench model in float32 (2 x 512 x 512 x 4
-# bytes); rows of larger models unfold alone. On that bench's 8 requests, as fast as 4 MiB groups
-# (2.93 vs 2.97 s) with less peak RSS under glibc's default policy (27-35 vs 33-50 MiB over the
-# trimmed resident set), measured.
-UNFOLD_BYTES = 2 << 20
 
 # around_block(index, hidden, run) -> hidden; ``run(hidden)`` computes block ``index`` for real.
 AroundBlock = Callable[[int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
@@ -94,35 +91,26 @@ class Prepared:
     image_kv: torch.Tensor | None = None  # [B, blocks, 2, N, dim] image cross-attention (image_kv), I2V
     kv_length: int = 0  # folded ``kv``: the full text length (0: ``kv`` is full)
     kv_rows: torch.Tensor | None = None  # folded ``kv``: the positions each row holds
+    # folded ``kv`` of several rows: [B, H] log of how often each held position counts (-inf: padding)
+    kv_log_count: torch.Tensor | None = None
 
-    def block_kv(self, index: int, rows: slice = slice(None)) -> torch.Tensor:
-        """Block ``index``'s text keys/values [B, 2, L, dim] (of batch ``rows``), unfolded when ``kv`` is
-        folded: each row repeats its last held position up to ``kv_length``."""
-        kv = self.kv[rows, index]
-        if self.kv_rows is not None:  # a batch of folds: padding rows first (even when one row holds all)
-            kv = fill_folded(kv, self.kv_rows[rows])
+    def block_kv(self, index: int) -> torch.Tensor:
+        """Block ``index``'s text keys/values [B, 2, L, dim], unfolded when ``kv`` is folded (one row:
+        it repeats its last held position up to ``kv_length``)."""
+        kv = self.kv[:, index]
         held = kv.shape[2]
         if self.kv_length <= held:
             return kv
         return torch.cat([kv, kv[:, :, held - 1 :].expand(-1, -1, self.kv_length - held, -1)], 2)
 
-    def unfold_groups(self) -> list[slice]:
-        """Batch rows in groups whose unfolded text keys/values take at most UNFOLD_BYTES (one row at
-        least); one group when ``kv`` is full (nothing is unfolded)."""
-        if self.kv_length <= self.kv.shape[3]:
-            return [slice(None)]
-        row_bytes = 2 * self.kv_length * self.kv.shape[4] * self.kv.element_size()
-        size = max(1, UNFOLD_BYTES // row_bytes)
-        return [slice(start, start + size) for start in range(0, self.kv.shape[0], size)]
 
-
-def fill_folded(kv: torch.Tensor, kv_rows: torch.Tensor) -> torch.Tensor:
-    """One block's folded ``kv`` [B, 2, H, dim] with each row's positions from ``kv_rows[b]`` on (padding
-    of a batch of folds) set to its last held one, so every row repeats position H - 1 from there."""
-    if int(kv_rows.min()) == kv.shape[2]:
-        return kv
-    pos = torch.arange(kv.shape[2], device=kv.device).minimum(kv_rows.to(kv.device)[:, None] - 1)
-    return kv.gather(2, pos[:, None, :, None].expand_as(kv))
+def fold_log_count(kv_rows: torch.Tensor, held: int, kv_length: int) -> torch.Tensor:
+    """[B, held] log multiplicity of each held position of a batch of folds: 0 before a row's repeated
+    position, log(kv_length - kv_rows[b] + 1) at it (it stands for the rest of the text), -inf after."""
+    last = (kv_rows - 1)[:, None]
+    pos = torch.arange(held, device=kv_rows.device)[None]
+    repeats = (kv_length - last).to(torch.float32).log().expand(-1, held)
+    return torch.where(pos < last, 0.0, torch.where(pos == last, repeats, -torch.inf))
 
 
 def prepare(
@@ -150,7 +138,12 @@ def prepare(
     modulation = emb.time_proj(emb.act_fn(temb)).unflatten(temb.ndim - 1, (6, -1))
     grid = (frames // p_t, height // p_h, width // p_w)
     folded = kv_rows is not None
-    return Prepared(hidden, kv, modulation, temb, rotary, grid, img_kv, kv_length if folded else 0, kv_rows)
+    log_count = None
+    if folded and kv.shape[0] > 1:
+        log_count = fold_log_count(kv_rows.to(kv.device), kv.shape[3], kv_length)
+    return Prepared(
+        hidden, kv, modulation, temb, rotary, grid, img_kv, kv_length if folded else 0, kv_rows, log_count
+    )
 
 
 def _modulation(table: torch.Tensor, modulation: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -167,6 +160,17 @@ def _attend(query: torch.Tensor, kv: torch.Tensor, heads: int) -> torch.Tensor:
     q, k, v = (t.permute(0, 2, 1, 3) for t in (query, key, value))
     out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
     return out.permute(0, 2, 1, 3).flatten(2, 3).type_as(query)
+
+
+def _attend_folded(
+    query: torch.Tensor, kv: torch.Tensor, log_count: torch.Tensor, heads: int
+) -> torch.Tensor:
+    """Attention over folded keys/values [B, 2, H, dim], position p of row b counting
+    ``exp(log_count[b, p])`` times: softmax(q k / sqrt(d) + log_count) v, in float32."""
+    key, value = (kv[:, i].unflatten(2, (heads, -1)) for i in (0, 1))
+    q, k, v = (t.permute(0, 2, 1, 3).float() for t in (query, key, value))
+    logits = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5 + log_count[:, None, None, :]
+    return (logits.softmax(-1) @ v).permute(0, 2, 1, 3).flatten(2, 3).type_as(query)
 
 
 def _attend_context(
@@ -187,22 +191,15 @@ def cross_attention(
 
 
 def block_cross_attention(attn, x: torch.Tensor, prep: Prepared, index: int) -> torch.Tensor:
-    """:func:`cross_attention` of block ``index`` over ``prep``'s keys/values, folded ones unfolded a
-    row group at a time (:meth:`Prepared.unfold_groups`). Attention rows are independent, so the
-    output is bit for bit that of one call over all rows."""
-    groups = prep.unfold_groups()
+    """:func:`cross_attention` of block ``index`` over ``prep``'s keys/values: over the folds themselves
+    when the call has several rows (:func:`_attend_folded`), else unfolded."""
     img_kv = None if prep.image_kv is None else prep.image_kv[:, index]
-    if len(groups) == 1:
+    if prep.kv_log_count is None:
         return cross_attention(attn, x, prep.block_kv(index), img_kv)
     query = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
-    out = torch.cat(
-        [
-            _attend_context(
-                query[g], prep.block_kv(index, g), None if img_kv is None else img_kv[g], attn.heads
-            )
-            for g in groups
-        ]
-    )
+    out = _attend_folded(query, prep.kv[:, index], prep.kv_log_count, attn.heads)
+    if img_kv is not None:
+        out = out + _attend(query, img_kv, attn.heads)
     return attn.to_out[1](attn.to_out[0](out))
 
 
@@ -255,7 +252,15 @@ def pick_rows(prep: Prepared, rows: torch.Tensor) -> Prepared:
 
     img_kv = None if prep.image_kv is None else pick(prep.image_kv)
     kv_rows = None if prep.kv_rows is None else prep.kv_rows.index_select(0, rows.to(prep.kv_rows.device))
-    return replace(prep, kv=pick(prep.kv), modulation=pick(prep.modulation), image_kv=img_kv, kv_rows=kv_rows)
+    log_count = None if prep.kv_log_count is None else pick(prep.kv_log_count)
+    return replace(
+        prep,
+        kv=pick(prep.kv),
+        modulation=pick(prep.modulation),
+        image_kv=img_kv,
+        kv_rows=kv_rows,
+        kv_log_count=log_count,
+    )
 
 
 def shard_tokens(prep: Prepared) -> Prepared:
