@@ -71,7 +71,10 @@ def test_denoise_body_on_folds_matches_full_keys_values(tiny_path, length):
         rows = torch.cat([f[1] for f in folds])
         inputs = {**step, "kv": kv, "kv_rows": rows, "kv_length": text.shape[1]}
         batched = denoise_body(transformer, inputs)["velocity"]
-        uncounted = denoise_body(transformer, {**inputs, "kv_length": int(rows.max())})["velocity"]
+        wider = torch.cat([kv, torch.zeros_like(kv[..., :5, :])], 3)  # as a batch with a longer fold pads
+        widened = denoise_body(transformer, {**inputs, "kv": wider})["velocity"]
+        # the padding counted only up to the longest fold instead of up to all 512 positions
+        undercounted = denoise_body(transformer, {**inputs, "kv_length": int(rows.max())})["velocity"]
         alone = [
             denoise_body(
                 transformer,
@@ -82,8 +85,9 @@ def test_denoise_body_on_folds_matches_full_keys_values(tiny_path, length):
         ]
     assert folds[0][0].shape[-2] != folds[1][0].shape[-2]
     assert (batched - full).abs().max() <= FOLDED_ATOL
+    assert torch.equal(_bits(widened), _bits(batched))  # how far rows are padded never shows
     if length is None:  # 512 positions: the multiplicity is what makes it equal
-        assert (uncounted - full).abs().max() > 100 * FOLDED_ATOL
+        assert (undercounted - full).abs().max() > 100 * FOLDED_ATOL
     for i, one in enumerate(alone):  # a row alone unfolds: bit for bit its full keys/values
         solo = denoise_body(
             transformer,

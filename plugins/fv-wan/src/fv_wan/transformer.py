@@ -140,7 +140,11 @@ def prepare(
     folded = kv_rows is not None
     log_count = None
     if folded and kv.shape[0] > 1:
-        log_count = fold_log_count(kv_rows.to(kv.device), kv.shape[3], kv_length)
+        held = int(kv_rows.max())
+        kv = kv[
+            :, :, :, :held
+        ].contiguous()  # the rows' own positions: how far a batch padded them never shows
+        log_count = fold_log_count(kv_rows.to(kv.device), held, kv_length)
     return Prepared(
         hidden, kv, modulation, temb, rotary, grid, img_kv, kv_length if folded else 0, kv_rows, log_count
     )
@@ -166,11 +170,12 @@ def _attend_folded(
     query: torch.Tensor, kv: torch.Tensor, log_count: torch.Tensor, heads: int
 ) -> torch.Tensor:
     """Attention over folded keys/values [B, 2, H, dim], position p of row b counting
-    ``exp(log_count[b, p])`` times: softmax(q k / sqrt(d) + log_count) v, in float32."""
+    ``exp(log_count[b, p])`` times: softmax(q k / sqrt(d) + log_count) v, in float32 (a low-precision
+    bias would miscount the padding)."""
     key, value = (kv[:, i].unflatten(2, (heads, -1)) for i in (0, 1))
     q, k, v = (t.permute(0, 2, 1, 3).float() for t in (query, key, value))
-    logits = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5 + log_count[:, None, None, :]
-    return (logits.softmax(-1) @ v).permute(0, 2, 1, 3).flatten(2, 3).type_as(query)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=log_count[:, None, None, :])
+    return out.permute(0, 2, 1, 3).flatten(2, 3).type_as(query)
 
 
 def _attend_context(
