@@ -54,7 +54,7 @@ from fv_core.serving.schemas import (
     WeightsSynced,
 )
 from fv_core.serving.stream import VideoChunks
-from fv_core.serving.weight_log import WeightLog
+from fv_core.serving.weight_log import WeightLog, tensor_names
 
 if TYPE_CHECKING:
     from fv_core.training.sync import SyncResult
@@ -470,25 +470,27 @@ class Service:
         except ValidationError as exc:
             message = explain(exc, "weight sync plan", WeightSyncPlan.model_fields)
             raise ApiError(400, message, "invalid_plan", "plan") from None
-        seq = 0  # a fleet's: the sync's place in its log
-        async with self._sync_lock:
-            try:
-                if self._weights is None:
-                    result = await self._apply(served, plan, weights)
-                else:
-                    async with self._weights.lock():
-                        result, seq = await self._fleet_push(served, plan, weights)
-            except WeightsError as exc:
-                raise ApiError(400, str(exc), "invalid_weights", "weights") from None
-            except ConfigError as exc:
-                if exc.param == "version":
-                    raise ApiError(409, str(exc), "version_conflict", "plan") from None
-                raise ApiError(400, str(exc), "invalid_plan", "plan") from None
+        work = asyncio.ensure_future(self._sync(served, plan, weights))
+        work.add_done_callback(lambda done: done.cancelled() or done.exception())  # a gone caller's error
+        try:
+            result, seq = await asyncio.shield(work)  # a caller that goes away never stops a swap midway
+        except WeightsError as exc:
+            raise ApiError(400, str(exc), "invalid_weights", "weights") from None
+        except ConfigError as exc:
+            if exc.param == "version":
+                raise ApiError(409, str(exc), "version_conflict", "plan") from None
+            raise ApiError(400, str(exc), "invalid_plan", "plan") from None
         log.info(
             "weights of %s synced: %s (role %s; %d cache entries dropped; %d requests finish on the previous)",
             served.name, result.versions, result.role, result.cache_entries_dropped, len(result.pinned),
         )  # fmt: skip
-        fleet = await self._fleet_caught_up(served.name, seq) if seq else {}
+        fleet = {}
+        if self._weights is not None:
+            fleet = await self._fleet_caught_up(served.name, seq)
+            try:
+                self._weights.compact(served.name)
+            except Exception:  # the log stays longer; the next push compacts it
+                log.exception("compacting the fleet's weight log failed")
         return WeightsSynced(
             model=served.name,
             role=result.role,
@@ -500,6 +502,14 @@ class Service:
             **fleet,
         )
 
+    async def _sync(self, served: ServedModel, plan: Any, weights: bytes) -> tuple[SyncResult, int]:
+        """A push, one at a time: (what it did, its seq in a fleet's log; 0 on a lone server)."""
+        async with self._sync_lock:
+            if self._weights is None:
+                return await self._apply(served, plan, weights), 0
+            async with self._weights.lock():
+                return await self._fleet_push(served, plan, weights)
+
     async def _apply(self, served: ServedModel, plan: Any, weights: bytes) -> SyncResult:
         """Stage ``weights`` off the engine's thread, then swap them in at its next step boundary."""
         from fv_core.training.sync import stage_sync
@@ -509,7 +519,9 @@ class Service:
 
     async def _fleet_push(self, served: ServedModel, plan: Any, weights: bytes) -> tuple[SyncResult, int]:
         """A push this fleet replica received (under the fleet's sync lock): on the fleet's weights,
-        checked, logged pending, put live here, then settled for the others. Returns its seq."""
+        checked, logged pending, put live here, then settled for the others."""
+        from fv_core.training.sync import stage_sync
+
         assert self._weights is not None
         try:
             await self._catch_up()
@@ -521,9 +533,11 @@ class Service:
                 "replica_behind",
             ) from None
         self._weights.check_new(served.name, plan.components, plan.version)
-        sync = await asyncio.to_thread(self._weights.publish, served.name, plan.model_dump_json(), weights)
+        staged = await asyncio.to_thread(stage_sync, served.loaded, plan, weights)  # 400 / 409 here
+        path = await asyncio.to_thread(self._weights.write, weights)
+        sync = self._weights.publish(served.name, plan.model_dump_json(), path, tensor_names(weights))
         try:
-            result = await self._apply(served, plan, weights)
+            result = await asyncio.wrap_future(self.engine.at_boundary(staged.apply))
         except BaseException:
             self._weights.withdraw(sync)
             raise
@@ -535,19 +549,27 @@ class Service:
     async def _catch_up(self) -> None:
         """Apply the fleet's settled syncs this replica lacks, oldest first (the caller holds
         ``_sync_lock``). One that fails here is recorded and raised; the later ones wait behind it, so
-        a replica never runs weights out of the fleet's order."""
+        a replica never runs weights out of the fleet's order. One already live (its versions are the
+        live ones: versions are never reused) only advances the count."""
         from fv_core.training.sync import WeightSyncPlan
 
         assert self._weights is not None
-        for sync in await asyncio.to_thread(self._weights.after, self._weights_seq, list(self.models)):
+        pending = self._weights.after(self._weights_seq, list(self.models))
+        while pending:
+            sync = pending.pop(0)
             try:
                 payload = await asyncio.to_thread(sync.path.read_bytes)
-            except FileNotFoundError:  # compacted away meanwhile: later syncs replace all of it
-                payload = None
+            except FileNotFoundError:  # compacted (this replica is starting): list the rest again
+                pending = self._weights.after(self._weights_seq, list(self.models))
+                if pending and pending[0].seq == sync.seq:  # still logged: its payload went missing
+                    self._weights.failed(sync.seq, f"its payload {str(sync.path)!r} is missing")
+                    raise
+                continue
             try:
-                if payload is not None:
-                    plan = WeightSyncPlan.model_validate_json(sync.plan)
-                    await self._apply(self.models[sync.model], plan, payload)
+                plan, served = WeightSyncPlan.model_validate_json(sync.plan), self.models[sync.model]
+                live = served.loaded.instance.weights_versions
+                if any(live.get(component) != plan.version for component in plan.components):
+                    await self._apply(served, plan, payload)
             except Exception as exc:
                 self._weights.failed(sync.seq, f"{type(exc).__name__}: {exc}")
                 raise

@@ -11,8 +11,12 @@ applies the whole log before it takes jobs. So every replica runs the same seque
 
 A sync's version must be new to the fleet (never logged before for that component): no replica
 can then hold it, live or retired, and the version check cannot pass on one replica and fail on
-another. Settling compacts the log: an earlier sync whose every tensor later syncs replace goes
-(row and file), since applying the later ones alone ends on the same weights.
+another. ``compact`` drops a sync every live replica has applied whose every tensor later syncs
+(applied by all of them too) replace, row and file: a replica starting later ends on the same
+weights by applying the later ones alone, and does so before it takes jobs.
+
+The lock is a flock: it serialises pushes among replicas on one host (or on a file system whose
+locks work across hosts), as the job store's SQLite WAL needs anyway.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import asyncio
 import fcntl
 import json
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,34 +136,38 @@ class WeightLog:
                     param="version",
                 )
 
-    def publish(self, model: str, plan_json: str, payload: bytes) -> LoggedSync:
-        """Log a checked sync as pending (under the lock); the caller applies it, then ``settle``s or
-        ``withdraw``s it. A pending row left by a receiver that died goes first."""
-        for (file,) in self.db.execute("SELECT file FROM weight_syncs WHERE settled=0").fetchall():
-            (self.folder / file).unlink(missing_ok=True)
-        self.db.execute("DELETE FROM weight_syncs WHERE settled=0")
+    def write(self, payload: bytes) -> Path:
+        """Store a payload under ``weights/`` (whole or not at all: readers never see half a file)."""
         path = self.folder / f"{uuid.uuid4().hex}.safetensors"
         partial = path.with_suffix(".partial")
-        partial.write_bytes(payload)
-        partial.rename(path)  # readers never see half a file
         try:
-            cur = self.db.execute(
-                "INSERT INTO weight_syncs (model, plan, tensors, file) VALUES (?, ?, ?, ?)",
-                (model, plan_json, json.dumps(tensor_names(payload)), path.name),
-            )
-        except Exception:
-            path.unlink(missing_ok=True)
-            raise
-        return LoggedSync(int(cur.lastrowid or 0), model, plan_json, path)
+            partial.write_bytes(payload)
+            partial.rename(path)
+        finally:
+            partial.unlink(missing_ok=True)
+        return path
+
+    def publish(self, model: str, plan_json: str, path: Path, tensors: dict[str, list[str]]) -> LoggedSync:
+        """Log a checked sync, its payload at ``path``, as pending (under the lock); the caller puts it
+        live, then ``settle``s or ``withdraw``s it. A pending row left by a receiver that died goes first."""
+        stale = self.db.execute("SELECT file FROM weight_syncs WHERE settled=0").fetchall()
+        self.db.execute("DELETE FROM weight_syncs WHERE settled=0")
+        for (file,) in stale:
+            (self.folder / file).unlink(missing_ok=True)
+        (seq,) = self.db.execute(
+            "INSERT INTO weight_syncs (model, plan, tensors, file) VALUES (?, ?, ?, ?) RETURNING seq",
+            (model, plan_json, json.dumps(tensors), path.name),
+        ).fetchone()
+        return LoggedSync(seq, model, plan_json, path)
 
     def settle(self, sync: LoggedSync, versions: dict[str, str]) -> None:
-        """``sync`` is live on its receiver: every replica applies it now. Compacts the log."""
-        self.db.execute("UPDATE weight_syncs SET settled=1 WHERE seq=?", (sync.seq,))
-        self.db.executemany(
-            "INSERT OR IGNORE INTO weight_versions (model, component, version) VALUES (?, ?, ?)",
-            [(sync.model, component, version) for component, version in versions.items()],
-        )
-        self._compact(sync.model)
+        """``sync`` is live on its receiver: every replica applies it now, and its versions are taken."""
+        with self._transaction():
+            self.db.execute("UPDATE weight_syncs SET settled=1 WHERE seq=?", (sync.seq,))
+            self.db.executemany(
+                "INSERT OR IGNORE INTO weight_versions (model, component, version) VALUES (?, ?, ?)",
+                [(sync.model, component, version) for component, version in versions.items()],
+            )
 
     def withdraw(self, sync: LoggedSync) -> None:
         """``sync`` failed on its receiver: no replica applies it."""
@@ -174,12 +182,13 @@ class WeightLog:
         return [LoggedSync(s, m, p, self.folder / f) for s, m, p, f in rows if m in models]
 
     def applied(self, model: str, seq: int) -> None:
-        """Record that this replica has applied ``model``'s syncs up to ``seq``."""
+        """Record that this replica has applied ``model``'s syncs up to ``seq`` (its earlier errors go)."""
         self.db.execute(
             "INSERT INTO weight_applied (owner, model, seq) VALUES (?, ?, ?) "
             "ON CONFLICT (owner, model) DO UPDATE SET seq=excluded.seq",
             (self.owner, model, seq),
         )
+        self.db.execute("DELETE FROM weight_errors WHERE owner=? AND seq<=?", (self.owner, seq))
 
     def failed(self, seq: int, error: str) -> None:
         """Record that sync ``seq`` failed on this replica (it stays behind and tries again)."""
@@ -190,24 +199,46 @@ class WeightLog:
 
     def behind(self, model: str, seq: int) -> list[str]:
         """The live replicas serving ``model`` that have not applied up to ``seq`` yet."""
-        rows = self.db.execute("SELECT owner FROM weight_applied WHERE model=? AND seq<?", (model, seq))
-        return sorted(owner for (owner,) in rows.fetchall() if not self.gone(owner))
+        return sorted(owner for owner, applied in self._live(model).items() if applied < seq)
 
     def failures(self, seq: int) -> dict[str, str]:
-        """Replica -> the error it met applying sync ``seq``."""
-        return dict(self.db.execute("SELECT owner, error FROM weight_errors WHERE seq=?", (seq,)).fetchall())
+        """Replica -> the last error it met applying a sync up to ``seq`` (and has not got past)."""
+        rows = self.db.execute("SELECT owner, error FROM weight_errors WHERE seq<=? ORDER BY seq", (seq,))
+        return dict(rows.fetchall())
 
-    def _compact(self, model: str) -> None:
-        """Drop the settled syncs of ``model`` whose every tensor later syncs replace."""
+    def compact(self, model: str) -> None:
+        """Drop the syncs of ``model`` that every live replica applied and whose every tensor later
+        syncs, applied by all of them too, replace."""
+        floor = min(self._live(model).values(), default=0)
         rows = self.db.execute(
-            "SELECT seq, tensors, file FROM weight_syncs WHERE model=? AND settled=1 ORDER BY seq DESC",
-            (model,),
+            "SELECT seq, tensors, file FROM weight_syncs WHERE model=? AND settled=1 AND seq<=? "
+            "ORDER BY seq DESC",
+            (model, floor),
         ).fetchall()
         later: dict[str, set[str]] = {}  # component -> tensors the newer syncs replace
+        dropped = []
         for seq, tensors, file in rows:
             names = {component: set(keys) for component, keys in json.loads(tensors).items()}
             if later and all(keys <= later.get(component, set()) for component, keys in names.items()):
-                self.db.execute("DELETE FROM weight_syncs WHERE seq=?", (seq,))
-                (self.folder / file).unlink(missing_ok=True)
+                dropped.append((seq, file))
             for component, keys in names.items():
                 later.setdefault(component, set()).update(keys)
+        with self._transaction():
+            self.db.executemany("DELETE FROM weight_syncs WHERE seq=?", [(seq,) for seq, _ in dropped])
+        for _, file in dropped:
+            (self.folder / file).unlink(missing_ok=True)
+
+    def _live(self, model: str) -> dict[str, int]:
+        """Live replica serving ``model`` -> how far it applied the log."""
+        rows = self.db.execute("SELECT owner, seq FROM weight_applied WHERE model=?", (model,)).fetchall()
+        return {owner: seq for owner, seq in rows if not self.gone(owner)}
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")

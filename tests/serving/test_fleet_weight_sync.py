@@ -8,6 +8,8 @@ pushes replace all over is compacted out of the log.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,8 +20,9 @@ import torch
 
 from fv_core import ConfigError
 from fv_core.serving.jobs import JobStore
-from fv_core.serving.weight_log import LoggedSync, WeightLog
+from fv_core.serving.weight_log import LoggedSync, WeightLog, tensor_names
 from fv_core.training import WeightSyncPlan, push_weights
+from fv_core.training.sync import encode
 from tests.serving.support import TINY, ServerThread, tiny_deploy
 
 ASK = {
@@ -114,12 +117,36 @@ def same_weights(one: ServerThread, other: ServerThread) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_the_log_serves_settled_syncs_in_order_and_compacts_replaced_ones(tmp_path):
-    store = JobStore(tmp_path, owner="replica-a")
-    log = WeightLog(store)
+def test_a_push_whose_caller_goes_away_midway_still_lands_on_every_replica(host, deploy):
+    with ServerThread(deploy, host, replica="a") as a, ServerThread(deploy, host, replica="b") as b:
+        engine, gate = a.service.engine, threading.Event()
+        engine.at_boundary(lambda _: gate.wait(60))  # a's worker parks: the push's swap queues behind it
+        weights = encode(plan("step-1"), shifted(a, 1))
+        push = asyncio.run_coroutine_threadsafe(
+            a.service.sync_weights(None, plan("step-1").model_dump_json(), weights), engine._event_loop
+        )
+        deadline = time.monotonic() + 30
+        while not a.service._weights.db.execute("SELECT 1 FROM weight_syncs").fetchone():
+            assert time.monotonic() < deadline, "the push never logged its sync"
+            time.sleep(0.01)
+        push.cancel()  # the caller goes away while the swap waits for a step boundary
+        gate.set()
+        deadline = time.monotonic() + 30
+        while b.service._weights_seq < 1:
+            assert time.monotonic() < deadline, "the other replica never got the push"
+            time.sleep(0.02)
+        for server in (a, b):  # the swap finished, the sync settled and reached the other replica
+            assert server.service.models[TINY].loaded.instance.weights_versions["transformer"] == "step-1"
+        assert same_weights(a, b)
+
+
+def test_the_log_serves_settled_syncs_in_order_and_compacts_what_all_replicas_applied(tmp_path):
+    store, other = JobStore(tmp_path, owner="replica-a"), JobStore(tmp_path, owner="replica-b")
+    log, log_b = WeightLog(store), WeightLog(other)
 
     def publish(*names: str) -> LoggedSync:
-        return log.publish(TINY, "{}", encode_names(names))
+        payload = encode_names(names)
+        return log.publish(TINY, "{}", log.write(payload), tensor_names(payload))
 
     first = publish("a", "b")
     assert log.after(0, [TINY]) == []  # pending: its receiver has not put it live yet
@@ -131,10 +158,17 @@ def test_the_log_serves_settled_syncs_in_order_and_compacts_replaced_ones(tmp_pa
     partial = publish("a")
     assert not dead.path.exists()
     log.settle(partial, {"transformer": "v2"})
-    assert [s.seq for s in log.after(0, [TINY])] == [first.seq, partial.seq]  # "b" is only in the first
-    assert log.after(first.seq, [TINY])[0].seq == partial.seq and log.after(0, ["other"]) == []
     full = publish("a", "b", "c")
     log.settle(full, {"transformer": "v3"})
+    assert [s.seq for s in log.after(0, [TINY])] == [first.seq, partial.seq, full.seq]
+    assert log.after(first.seq, [TINY])[0].seq == partial.seq and log.after(0, ["other"]) == []
+
+    log.applied(TINY, full.seq)
+    log_b.applied(TINY, partial.seq)  # b has not applied the full one: it needs the first still
+    log.compact(TINY)
+    assert [s.seq for s in log.after(0, [TINY])] == [first.seq, partial.seq, full.seq]
+    log_b.applied(TINY, full.seq)
+    log.compact(TINY)
     assert [s.seq for s in log.after(0, [TINY])] == [full.seq]
     assert not first.path.exists() and not partial.path.exists() and full.path.exists()
     for version in ("v1", "v2", "v3"):  # compacted or not, a version is never taken again
@@ -142,11 +176,13 @@ def test_the_log_serves_settled_syncs_in_order_and_compacts_replaced_ones(tmp_pa
             log.check_new(TINY, ["transformer"], version)
     log.check_new(TINY, ["transformer"], "v4")
 
-    log.applied(TINY, full.seq)
-    assert log.behind(TINY, full.seq) == [] and log.behind(TINY, full.seq + 1) == ["replica-a"]
-    log.failed(full.seq, "OutOfMemoryError: ...")
-    log.applied(TINY, full.seq + 1)
-    assert log.failures(full.seq) == {"replica-a": "OutOfMemoryError: ..."}  # kept per sync
+    assert log.behind(TINY, full.seq) == [] and log.behind(TINY, full.seq + 1) == ["replica-a", "replica-b"]
+    log_b.failed(full.seq + 1, "OutOfMemoryError: ...")
+    assert log.failures(full.seq + 1) == {"replica-b": "OutOfMemoryError: ..."}
+    log_b.applied(TINY, full.seq + 1)  # it got past: the error goes
+    assert log.failures(full.seq + 1) == {}
+    other.close()
+    assert log.behind(TINY, full.seq + 2) == ["replica-a"]  # a stopped replica is not waited for
     store.close()
 
 
