@@ -86,6 +86,10 @@ class WanModel(SyncableComponents):
                 module = module.to(self.device)
         if name in self.variant.experts and self.kernels is not None:
             install(module, self.kernels["attention"][0], self.card.model_id)
+        if name == "vae":
+            from fv_wan.vae_norm import install_batch_norms  # imports diffusers: only once a VAE loads
+
+            install_batch_norms(module)
         return module
 
     def kernel_records(self, latents: torch.Tensor | None = None) -> dict[str, Any]:
