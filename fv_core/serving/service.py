@@ -120,8 +120,9 @@ class Service:
         self.sweep()
         await self.engine.start()
         if self._weights is not None:  # a fleet replica takes jobs on the fleet's weights
-            for name in self.models:  # pushes from now on wait for this replica too
+            for name, served in self.models.items():  # pushes from now on wait for this replica too
                 self._weights.applied(name, 0)
+                self._weights.taken(name, served.loaded.instance.weights_versions)  # never a push's
             async with self._sync_lock:
                 await self._catch_up()
         self._start_requeue()
@@ -471,9 +472,11 @@ class Service:
             message = explain(exc, "weight sync plan", WeightSyncPlan.model_fields)
             raise ApiError(400, message, "invalid_plan", "plan") from None
         work = asyncio.ensure_future(self._sync(served, plan, weights))
-        work.add_done_callback(lambda done: done.cancelled() or done.exception())  # a gone caller's error
         try:
             result, seq = await asyncio.shield(work)  # a caller that goes away never stops a swap midway
+        except asyncio.CancelledError:
+            work.add_done_callback(_log_unheard)
+            raise
         except WeightsError as exc:
             raise ApiError(400, str(exc), "invalid_weights", "weights") from None
         except ConfigError as exc:
@@ -562,16 +565,19 @@ class Service:
             except FileNotFoundError:  # compacted (this replica is starting): list the rest again
                 pending = self._weights.after(self._weights_seq, list(self.models))
                 if pending and pending[0].seq == sync.seq:  # still logged: its payload went missing
-                    self._weights.failed(sync.seq, f"its payload {str(sync.path)!r} is missing")
+                    self._weights.failed(sync, f"its payload {str(sync.path)!r} is missing")
                     raise
                 continue
+            except OSError as exc:
+                self._weights.failed(sync, f"reading its payload: {exc}")
+                raise
             try:
                 plan, served = WeightSyncPlan.model_validate_json(sync.plan), self.models[sync.model]
                 live = served.loaded.instance.weights_versions
                 if any(live.get(component) != plan.version for component in plan.components):
                     await self._apply(served, plan, payload)
             except Exception as exc:
-                self._weights.failed(sync.seq, f"{type(exc).__name__}: {exc}")
+                self._weights.failed(sync, f"{type(exc).__name__}: {exc}")
                 raise
             self._weights_seq = sync.seq
             self._weights.applied(sync.model, sync.seq)
@@ -582,7 +588,8 @@ class Service:
         deadline = time.monotonic() + FLEET_SYNC_WAIT_S
         while (behind := self._weights.behind(model, seq)) and time.monotonic() < deadline:
             await asyncio.sleep(WATCH_S)
-        return {"fleet_seq": seq, "replicas_behind": behind, "replica_errors": self._weights.failures(seq)}
+        errors = self._weights.failures(model, seq)
+        return {"fleet_seq": seq, "replicas_behind": behind, "replica_errors": errors}
 
     # -- shared ---------------------------------------------------------------------------------------
 
@@ -765,3 +772,13 @@ def encode_png(frame: np.ndarray) -> bytes:
     out = io.BytesIO()
     Image.fromarray(to_uint8(frame)).save(out, format="PNG")
     return out.getvalue()
+
+
+def _log_unheard(push: asyncio.Future) -> None:
+    """A weight push whose caller went away: log how it ended, since nobody hears the answer."""
+    if push.cancelled():
+        log.warning("a weight push whose caller went away was cancelled (the server stopped)")
+    elif (error := push.exception()) is not None:
+        log.warning("a weight push whose caller went away failed: %s", error)
+    else:
+        log.info("a weight push whose caller went away is live: %s", push.result()[0].versions)

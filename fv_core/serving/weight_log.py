@@ -1,8 +1,8 @@
 """Weight syncs shared by a fleet: every replica on one data dir applies every sync, in one order.
 
 A fleet (replicas on one shared data dir, ``JobStore`` shared mode) takes a trainer's push on
-whichever replica the proxy picks. Under the fleet's sync lock (``weights/.lock``, one push at a
-time across the fleet) that replica first applies every logged sync it lacks, so it checks the
+whichever replica the proxy picks. Under the fleet's sync lock (``weights/.lock``: one push at a
+time among the replicas on one host) that replica first applies every logged sync it lacks, so it checks the
 push against the fleet's weights; then it writes the payload under ``weights/``, logs a pending
 row in ``weight_syncs``, puts the sync live itself and settles the row (or withdraws it, when that
 failed). The other replicas apply settled rows only, oldest first, each at a step boundary of its
@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS weight_applied (
     """
 CREATE TABLE IF NOT EXISTS weight_errors (
     owner TEXT NOT NULL,
+    model TEXT NOT NULL,
     seq INTEGER NOT NULL,
     error TEXT NOT NULL,
     PRIMARY KEY (owner, seq)
@@ -150,24 +151,32 @@ class WeightLog:
     def publish(self, model: str, plan_json: str, path: Path, tensors: dict[str, list[str]]) -> LoggedSync:
         """Log a checked sync, its payload at ``path``, as pending (under the lock); the caller puts it
         live, then ``settle``s or ``withdraw``s it. A pending row left by a receiver that died goes first."""
-        stale = self.db.execute("SELECT file FROM weight_syncs WHERE settled=0").fetchall()
-        self.db.execute("DELETE FROM weight_syncs WHERE settled=0")
+        try:
+            stale = self.db.execute("SELECT file FROM weight_syncs WHERE settled=0").fetchall()
+            self.db.execute("DELETE FROM weight_syncs WHERE settled=0")
+            cur = self.db.execute(
+                "INSERT INTO weight_syncs (model, plan, tensors, file) VALUES (?, ?, ?, ?)",
+                (model, plan_json, json.dumps(tensors), path.name),
+            )
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
         for (file,) in stale:
             (self.folder / file).unlink(missing_ok=True)
-        (seq,) = self.db.execute(
-            "INSERT INTO weight_syncs (model, plan, tensors, file) VALUES (?, ?, ?, ?) RETURNING seq",
-            (model, plan_json, json.dumps(tensors), path.name),
-        ).fetchone()
-        return LoggedSync(seq, model, plan_json, path)
+        return LoggedSync(int(cur.lastrowid or 0), model, plan_json, path)  # this thread's own insert
+
+    def taken(self, model: str, versions: dict[str, str]) -> None:
+        """Record ``versions`` (component -> version) as used: a push may never reuse them."""
+        self.db.executemany(
+            "INSERT OR IGNORE INTO weight_versions (model, component, version) VALUES (?, ?, ?)",
+            [(model, component, version) for component, version in versions.items()],
+        )
 
     def settle(self, sync: LoggedSync, versions: dict[str, str]) -> None:
         """``sync`` is live on its receiver: every replica applies it now, and its versions are taken."""
         with self._transaction():
             self.db.execute("UPDATE weight_syncs SET settled=1 WHERE seq=?", (sync.seq,))
-            self.db.executemany(
-                "INSERT OR IGNORE INTO weight_versions (model, component, version) VALUES (?, ?, ?)",
-                [(sync.model, component, version) for component, version in versions.items()],
-            )
+            self.taken(sync.model, versions)
 
     def withdraw(self, sync: LoggedSync) -> None:
         """``sync`` failed on its receiver: no replica applies it."""
@@ -190,21 +199,25 @@ class WeightLog:
         )
         self.db.execute("DELETE FROM weight_errors WHERE owner=? AND seq<=?", (self.owner, seq))
 
-    def failed(self, seq: int, error: str) -> None:
-        """Record that sync ``seq`` failed on this replica (it stays behind and tries again)."""
+    def failed(self, sync: LoggedSync, error: str) -> None:
+        """Record that ``sync`` failed on this replica (it stays behind and tries again)."""
         self.db.execute(
-            "INSERT OR REPLACE INTO weight_errors (owner, seq, error) VALUES (?, ?, ?)",
-            (self.owner, seq, error[:2000]),
+            "INSERT OR REPLACE INTO weight_errors (owner, model, seq, error) VALUES (?, ?, ?, ?)",
+            (self.owner, sync.model, sync.seq, error[:2000]),
         )
 
     def behind(self, model: str, seq: int) -> list[str]:
         """The live replicas serving ``model`` that have not applied up to ``seq`` yet."""
         return sorted(owner for owner, applied in self._live(model).items() if applied < seq)
 
-    def failures(self, seq: int) -> dict[str, str]:
-        """Replica -> the last error it met applying a sync up to ``seq`` (and has not got past)."""
-        rows = self.db.execute("SELECT owner, error FROM weight_errors WHERE seq<=? ORDER BY seq", (seq,))
-        return dict(rows.fetchall())
+    def failures(self, model: str, seq: int) -> dict[str, str]:
+        """Live replica -> the last error it met applying a sync of ``model`` up to ``seq`` (and has not
+        got past)."""
+        live = self._live(model)
+        rows = self.db.execute(
+            "SELECT owner, error FROM weight_errors WHERE model=? AND seq<=? ORDER BY seq", (model, seq)
+        )
+        return {owner: error for owner, error in rows.fetchall() if owner in live}
 
     def compact(self, model: str) -> None:
         """Drop the syncs of ``model`` that every live replica applied and whose every tensor later
@@ -216,13 +229,15 @@ class WeightLog:
             (model, floor),
         ).fetchall()
         later: dict[str, set[str]] = {}  # component -> tensors the newer syncs replace
-        dropped = []
+        dropped: list[tuple[int, str]] = []
         for seq, tensors, file in rows:
             names = {component: set(keys) for component, keys in json.loads(tensors).items()}
             if later and all(keys <= later.get(component, set()) for component, keys in names.items()):
                 dropped.append((seq, file))
             for component, keys in names.items():
                 later.setdefault(component, set()).update(keys)
+        if not dropped:
+            return
         with self._transaction():
             self.db.executemany("DELETE FROM weight_syncs WHERE seq=?", [(seq,) for seq, _ in dropped])
         for _, file in dropped:
@@ -238,7 +253,8 @@ class WeightLog:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:  # never leave the store's shared connection inside one
+                self.db.execute("ROLLBACK")
             raise
-        self.db.execute("COMMIT")

@@ -9,6 +9,7 @@ pushes replace all over is compacted out of the log.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,7 @@ def deploy(tmp_path):
 def test_a_push_to_one_replica_reaches_every_replica_and_those_started_later(host, deploy):
     log = Path(deploy.data_dir) / "weights"
     with ServerThread(deploy, host, replica="a") as a, ServerThread(deploy, host, replica="b") as b:
+        base = a.service.models[TINY].loaded.instance.weights_versions["transformer"]
         first = shifted(a, 1)
         synced = push_weights(a.url, WeightSyncPlan(components=["transformer"], version="step-1"), first)
         assert synced["versions"] == {"transformer": "step-1"}
@@ -80,7 +82,7 @@ def test_a_push_to_one_replica_reaches_every_replica_and_those_started_later(hos
         assert synced["fleet_seq"] == 2 and synced["replicas_behind"] == []
         assert_holds(a, "step-2", {**first, **second})
 
-        for version in ("step-2", "step-1"):  # live, or synced before: refused, changing nothing
+        for version in ("step-2", "step-1", base):  # live, synced before, loaded: refused, changing nothing
             with pytest.raises(ConfigError, match="HTTP 409"):
                 push_weights(a.url, WeightSyncPlan(components=["transformer"], version=version), first)
         rows = a.service._weights.after(0, [TINY])
@@ -177,12 +179,15 @@ def test_the_log_serves_settled_syncs_in_order_and_compacts_what_all_replicas_ap
     log.check_new(TINY, ["transformer"], "v4")
 
     assert log.behind(TINY, full.seq) == [] and log.behind(TINY, full.seq + 1) == ["replica-a", "replica-b"]
-    log_b.failed(full.seq + 1, "OutOfMemoryError: ...")
-    assert log.failures(full.seq + 1) == {"replica-b": "OutOfMemoryError: ..."}
+    log_b.failed(dataclasses.replace(full, seq=full.seq + 1), "OutOfMemoryError: ...")
+    assert log.failures(TINY, full.seq + 1) == {"replica-b": "OutOfMemoryError: ..."}
+    assert log.failures("another-model", full.seq + 1) == {}
     log_b.applied(TINY, full.seq + 1)  # it got past: the error goes
-    assert log.failures(full.seq + 1) == {}
+    assert log.failures(TINY, full.seq + 1) == {}
+    log_b.failed(dataclasses.replace(full, seq=full.seq + 2), "OutOfMemoryError: ...")
     other.close()
     assert log.behind(TINY, full.seq + 2) == ["replica-a"]  # a stopped replica is not waited for
+    assert log.failures(TINY, full.seq + 2) == {}  # nor reported
     store.close()
 
 

@@ -20,7 +20,8 @@ class BatchRMSNorm(WanRMS_norm):
         if x.shape[0] == 1:
             return super().forward(x)
         y = x if x.dtype in (torch.float32, torch.float64) else x.float()  # low precision: in float32
-        norm = y.square().sum(1 if self.channel_first else -1, keepdim=True).sqrt().clamp_min(EPS)
+        # clamped before the root: the same value as F.normalize's clamp after it, and no NaN gradient at 0
+        norm = y.square().sum(1 if self.channel_first else -1, keepdim=True).clamp_min(EPS**2).sqrt()
         return (y / norm).to(x.dtype) * self.scale * self.gamma + self.bias
 
 
