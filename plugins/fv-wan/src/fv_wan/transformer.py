@@ -141,9 +141,8 @@ def prepare(
     log_count = None
     if folded and kv.shape[0] > 1:
         held = int(kv_rows.max())
-        kv = kv[
-            :, :, :, :held
-        ].contiguous()  # the rows' own positions: how far a batch padded them never shows
+        # the rows' own positions: padding past the call's longest fold never shows in the bits
+        kv = kv[:, :, :, :held].contiguous()
         log_count = fold_log_count(kv_rows.to(kv.device), held, kv_length)
     return Prepared(
         hidden, kv, modulation, temb, rotary, grid, img_kv, kv_length if folded else 0, kv_rows, log_count
