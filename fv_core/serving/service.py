@@ -531,8 +531,8 @@ class Service:
         except Exception as exc:
             raise ApiError(
                 503,
-                f"this replica cannot apply the fleet's earlier weight syncs ({exc}), so it cannot check this "
-                "one against the fleet's weights. Fix: push again (through another replica).",
+                f"this replica cannot apply the fleet's earlier weight syncs ({exc}), so it cannot check "
+                "this one against the fleet's weights. Fix: push again (through another replica).",
                 "replica_behind",
             ) from None
         self._weights.check_new(served.name, plan.components, plan.version)
@@ -583,7 +583,7 @@ class Service:
             self._weights.applied(sync.model, sync.seq)
 
     async def _fleet_caught_up(self, model: str, seq: int) -> dict[str, Any]:
-        """Wait (up to ``FLEET_SYNC_WAIT_S``) until every live replica of ``model`` applied sync ``seq``."""
+        """Wait (up to ``FLEET_SYNC_WAIT_S``) until every live replica of ``model`` applied ``seq``."""
         assert self._weights is not None
         deadline = time.monotonic() + FLEET_SYNC_WAIT_S
         while (behind := self._weights.behind(model, seq)) and time.monotonic() < deadline:

@@ -2,16 +2,16 @@
 
 A fleet (replicas on one shared data dir, ``JobStore`` shared mode) takes a trainer's push on
 whichever replica the proxy picks. Under the fleet's sync lock (``weights/.lock``: one push at a
-time among the replicas on one host) that replica first applies every logged sync it lacks, so it checks the
-push against the fleet's weights; then it writes the payload under ``weights/``, logs a pending
-row in ``weight_syncs``, puts the sync live itself and settles the row (or withdraws it, when that
-failed). The other replicas apply settled rows only, oldest first, each at a step boundary of its
+time among the replicas on one host) that replica first applies every logged sync it lacks, so it
+checks the push against the fleet's weights; then it writes the payload under ``weights/``, logs a
+pending row in ``weight_syncs``, puts the sync live itself and settles the row (or withdraws it,
+when that failed). The other replicas apply settled rows only, oldest first, each at a step boundary of its
 own engine, and record how far they got in ``weight_applied``; a replica that starts later
 applies the whole log before it takes jobs. So every replica runs the same sequence of weights.
 
-A sync's version must be new to the fleet (never logged before for that component): no replica
-can then hold it, live or retired, and the version check cannot pass on one replica and fail on
-another. ``compact`` drops a sync every live replica has applied whose every tensor later syncs
+A sync's version must be new to the fleet (never logged nor loaded before for that component): no
+replica can then hold it, live or retired, and the version check cannot pass on one replica and
+fail on another. ``compact`` drops a sync every live replica has applied whose every tensor later syncs
 (applied by all of them too) replace, row and file: a replica starting later ends on the same
 weights by applying the later ones alone, and does so before it takes jobs.
 
@@ -131,9 +131,9 @@ class WeightLog:
             ).fetchone()
             if row:
                 raise ConfigError(
-                    f"version {version!r} of {component!r} was synced to this fleet before; replicas may "
-                    "still hold it for running requests, and cached features are keyed by it. Fix: give "
-                    "these weights a new version.",
+                    f"version {version!r} of {component!r} was synced to (or loaded by) this fleet before; "
+                    "replicas may still hold it for running requests, and cached features are keyed by it. "
+                    "Fix: give these weights a new version.",
                     param="version",
                 )
 
