@@ -54,8 +54,9 @@ def assert_holds(server: ServerThread, version: str, weights: dict[str, torch.Te
 
 def provenance_version(server: ServerThread) -> str:
     """Run one job on ``server``; the transformer version its provenance records."""
-    job = httpx.post(f"{server.url}/v1/videos", json=ASK).json()["id"]
-    while httpx.get(f"{server.url}/v1/videos/{job}").json()["status"] != "completed":
+    job, deadline = httpx.post(f"{server.url}/v1/videos", json=ASK).json()["id"], time.monotonic() + 60
+    while (video := httpx.get(f"{server.url}/v1/videos/{job}").json())["status"] != "completed":
+        assert video["status"] in ("queued", "in_progress") and time.monotonic() < deadline, video
         time.sleep(0.02)
     provenance = server.service.store.video_path(job).with_suffix(".json").read_text()
     return provenance.split('"transformer": "', 1)[1].split('"', 1)[0]
