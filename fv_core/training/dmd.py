@@ -58,6 +58,11 @@ class DMDOptions(StrictModel):
     min_sigma: float = Field(0.02, gt=0, lt=1)
     max_sigma: float = Field(0.98, gt=0, lt=1)
     shift: float = Field(3.0, gt=0)
+    # A share of those levels drawn uniformly in [min_sigma, detail_max_sigma] instead (0: off). Low levels
+    # carry fine detail (a square's corners) that the shifted draw rarely reaches; the shifted draw's high
+    # levels keep the layout's spread (low levels alone collapse it).
+    detail_fraction: float = Field(0.0, ge=0, lt=1)
+    detail_max_sigma: float = Field(0.3, gt=0, lt=1)
     eval_prompts: int = Field(8, gt=0)  # prompts (fixed noise) of the cheap evaluation
     eval_sigmas: list[float] = Field(default_factory=lambda: [0.3, 0.6, 0.9], min_length=1)
     # Regression onto the teacher's ODE (DMD's regression loss, CausVid's initialisation; off at 0): the
@@ -93,6 +98,11 @@ class DMDOptions(StrictModel):
             raise ValueError(
                 f"min_sigma={self.min_sigma} must be below max_sigma={self.max_sigma}. Fix: e.g. "
                 "min_sigma: 0.02, max_sigma: 0.98"
+            )
+        if self.detail_fraction and self.detail_max_sigma <= self.min_sigma:
+            raise ValueError(
+                f"detail_max_sigma={self.detail_max_sigma} must be above min_sigma={self.min_sigma}. Fix: e.g. "
+                "detail_max_sigma: 0.3"
             )
         if self.gan_max_sigma is not None and self.gan_max_sigma <= self.min_sigma:
             raise ValueError(
@@ -262,7 +272,12 @@ class DistributionMatching:
         return x - sigma.view(-1, 1, 1, 1, 1) * self.adapter.velocity(self.critic, x, sigma, embeds)
 
     def draw_sigmas(self, n: int, gen: torch.Generator) -> torch.Tensor:
-        return draw_sigmas(n, self.opts.min_sigma, self.opts.max_sigma, self.opts.shift, gen)
+        o = self.opts
+        sigma = draw_sigmas(n, o.min_sigma, o.max_sigma, o.shift, gen)
+        if o.detail_fraction:
+            detail = torch.rand(n, generator=gen) < o.detail_fraction
+            sigma = torch.where(detail, draw_sigmas(n, o.min_sigma, o.detail_max_sigma, 1.0, gen), sigma)
+        return sigma
 
     def generator_loss(
         self, x0: torch.Tensor, embeds: torch.Tensor, gen: torch.Generator

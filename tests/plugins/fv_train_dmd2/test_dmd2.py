@@ -204,6 +204,10 @@ def test_the_gan_term_trains_its_head_on_real_clips_and_resumes(prompts, tmp_pat
         ),
         ({"gan_max_sigma": 0.01}, r"gan_max_sigma=0.01 must be above min_sigma=0.02.*Fix"),
         (
+            {"detail_fraction": 0.5, "detail_max_sigma": 0.01},
+            r"detail_max_sigma=0.01 must be above min_sigma=0.02.*Fix",
+        ),
+        (
             {"gan_data": "shapes", "gan_critic_weight": 1.0},  # the tiny teacher samples 5 frames of 32x32
             r"gan_data='shapes' gives clips of latent shape \[1, 16, 3, 8, 8\], the student samples "
             r"\[1, 16, 2, 4, 4\]. Fix",
@@ -213,6 +217,18 @@ def test_the_gan_term_trains_its_head_on_real_clips_and_resumes(prompts, tmp_pat
 def test_bad_gan_options_are_refused(options, match, prompts, tmp_path):
     with pytest.raises(ConfigError, match=match):
         DMD2Method(validate(dmd2_config(tmp_path, prompts, steps=1, **options)))
+
+
+def test_detail_fraction_draws_that_share_of_levels_low(prompts, tmp_path):
+    """Under shift 3 about a tenth of the levels (0.11) fall at or below 0.3; with detail_fraction 0.5 half
+    of them are redrawn uniformly in [min_sigma, detail_max_sigma], so about 0.55 do."""
+    share = {}
+    for fraction in (0.0, 0.5):
+        method = DMD2Method(validate(dmd2_config(tmp_path, prompts, steps=1, detail_fraction=fraction)))
+        sigmas = method.draw_sigmas(4000, torch.Generator().manual_seed(0))
+        assert 0.02 <= sigmas.min() and sigmas.max() <= 3 * 0.98 / (1 + 2 * 0.98)  # max_sigma, shifted
+        share[fraction] = (sigmas <= 0.3).float().mean().item()
+    assert share[0.0] < 0.15 and 0.5 < share[0.5] < 0.6
 
 
 def test_empty_prompts_file_is_refused(tmp_path):
