@@ -121,22 +121,23 @@ def plot(report: dict[str, Any], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     timing = report["step_time"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5))
-    names = list(timing)
-    left.bar(names, [timing[n]["step_s_median"] for n in names], color="tab:blue")
-    left.set_ylabel("seconds per training step (median)")
-    left.set_yscale("log")
-    left.set_title("step time (batch as configured)")
     rows = report["quality_rows"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, max(4.5, 0.22 * len(rows) + 1.5)))
+    names = list(timing)
+    left.barh(names, [timing[n]["step_s_median"] for n in names], color="tab:blue")
+    left.invert_yaxis()
+    left.set_xlabel("seconds per training step (median)")
+    left.set_xscale("log")
+    left.set_title("step time (batch as configured)")
     if rows:
-        axes = ("colour", "shape", "direction")
-        width = 0.8 / len(rows)
-        for k, row in enumerate(rows):
-            right.bar([i + k * width for i in range(3)], [row[a] for a in axes], width, label=row["label"])
-        right.set_xticks([i + 0.4 - width / 2 for i in range(3)], axes)
-        right.set_ylim(0, 1.05)
-        right.set_title("fv eval accuracy, held-out combinations")
-        right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        labels = [r["label"] for r in rows]
+        right.barh(labels, [r["shape"] for r in rows], color="tab:orange")
+        right.invert_yaxis()
+        right.tick_params(axis="y", labelsize=7)
+        right.set_xlim(0, 1.0)
+        right.set_xlabel("shape accuracy, held-out combinations")
+        worst = min(min(r["colour"], r["direction"]) for r in rows)
+        right.set_title(f"fv eval (colour and direction >= {worst:.2f} in every row)")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
