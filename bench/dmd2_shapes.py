@@ -88,8 +88,8 @@ def main() -> None:
         "--check-prompts",
         type=int,
         default=384,
-        help="a second, larger prompt set (the first --prompts and more seeds of the same combinations) "
-        "whose targets show whether the table's hold beyond its 128 prompts (0: skip)",
+        help="a second, larger prompt set (the first --prompts and more seeds of the same combinations): "
+        "do the table's results hold beyond its prompts? (0: skip)",
     )
     parser.add_argument("--out", default=str(REPO / "bench/results/dmd2_shapes.json"))
     args = parser.parse_args()
