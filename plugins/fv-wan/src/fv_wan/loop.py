@@ -9,11 +9,12 @@ two-forward CFG). The phase is whatever the request still lacks, in that
 order (``_next_phase``). A request keeps its text keys/values folded (each
 prompt row's positions up to its padding's repeated one, ``kv_rows``; a call
 of one row unfolds them one block at a time, a call of several attends to the
-folds: see ``transformer``), unless its steps run on a parallel group. Step bodies are pure functions of their inputs over
-shared weights, so the runtime may batch equal-keyed plans of different
-requests; a step's batch key names its expert, so Wan2.2 A14B requests
-batch only with steps on the same expert. CFG combine and the sampler update
-run per request in ``advance``; the sampler's history lives in ``LoopState``.
+folds: see ``transformer``), unless its steps run on a parallel group. Step
+bodies are pure functions of their inputs over shared weights, so the runtime
+may batch equal-keyed plans of different requests; a step's batch key names
+its expert, so Wan2.2 A14B requests batch only with steps on the same expert.
+CFG combine and the sampler update run per request in ``advance``; the
+sampler's history lives in ``LoopState``.
 """
 
 from __future__ import annotations
