@@ -79,6 +79,9 @@ class DMDOptions(StrictModel):
     gan_critic_weight: float = Field(0.0, ge=0)
     gan_head_lr_scale: float = Field(1.0, gt=0)  # the fresh head's learning rate over the critic's
     gan_max_sigma: float | None = Field(None, gt=0, lt=1)  # the GAN's noise levels' top (default max_sigma)
+    # An EMA of the student, updated after each generator step and exported instead of it (off: None).
+    ema_decay: float | None = Field(None, ge=0, lt=1)
+    ema_start: int = Field(0, ge=0)  # generator updates before the EMA starts (it copies until then)
 
     @field_validator("timesteps")
     @classmethod
@@ -188,9 +191,9 @@ class DistributionMatching:
         self.teacher_defaults = model.prepare({"prompt": "-"}).params
         return model
 
-    def setup_roles(self, ema: bool = False) -> None:
+    def setup_roles(self) -> None:
         """Teacher (frozen), student (the teacher's copy, with ``student_weights``' transformer when
-        given), an EMA of it when ``ema``, critic (the teacher's copy) and its GAN head when the GAN term
+        given), an EMA of it when ``ema_decay`` is set, critic (the teacher's copy) and its GAN head when the GAN term
         is on; both optimisers; every prompt's embeddings once."""
         teacher = self.adapter.module("transformer").requires_grad_(False).eval()
         self.adapter.module("text_encoder").requires_grad_(False).eval()
@@ -202,7 +205,7 @@ class DistributionMatching:
             Role.TEACHER: {"transformer": teacher},
             Role.STUDENT: {"transformer": start.requires_grad_(True)},
         }
-        if ema:
+        if self.opts.ema_decay is not None:
             self.roles[Role.EMA] = {"transformer": copy.deepcopy(start).requires_grad_(False).eval()}
         self.roles[Role.CRITIC] = {"transformer": copy.deepcopy(teacher).requires_grad_(True)}
         with torch.no_grad():  # the frozen text encoder
@@ -255,6 +258,15 @@ class DistributionMatching:
     @property
     def teacher(self) -> torch.nn.Module:
         return self.roles[Role.TEACHER]["transformer"]
+
+    @property
+    def ema(self) -> torch.nn.Module:
+        return self.roles[Role.EMA]["transformer"]
+
+    @property
+    def exported(self) -> torch.nn.Module:
+        """What the method exports and evaluates: the EMA when it keeps one, else the student."""
+        return self.ema if Role.EMA in self.roles else self.student
 
     def sample(self, embeds: torch.Tensor, gen: torch.Generator, grad: bool) -> torch.Tensor:
         raise NotImplementedError
@@ -422,7 +434,15 @@ class DistributionMatching:
         return x
 
     def after_generator_step(self, update: int) -> None:
-        """A subclass's work after each student update (an EMA)."""
+        """After each student update: the EMA's (a copy before ``ema_start``)."""
+        if self.opts.ema_decay is not None:
+            self.update_ema(0.0 if update < self.opts.ema_start else self.opts.ema_decay)
+
+    @torch.no_grad()
+    def update_ema(self, decay: float) -> None:
+        """``ema = decay * ema + (1 - decay) * student`` (a copy at decay 0)."""
+        for e, s in zip(self.ema.parameters(), self.student.parameters(), strict=True):
+            e.lerp_(s.detach(), 1 - decay)
 
     # ---- evaluation ----
 

@@ -231,6 +231,30 @@ def test_detail_fraction_draws_that_share_of_levels_low(prompts, tmp_path):
     assert share[0.0] < 0.15 and 0.5 < share[0.5] < 0.6
 
 
+def test_ema_is_what_is_exported_and_resumes_bit_for_bit(prompts, tmp_path):
+    """With ema_decay the export (and the checkpoint's loadable folder) is the EMA; the trained student
+    is kept beside it, so a resumed run continues both exactly."""
+    out = tmp_path / "ema"
+    method = DMD2Method(validate(dmd2_config(out, prompts, steps=4, ema_decay=0.5)))
+    start = [p.detach().clone() for p in method.student.parameters()]
+    train(method.cfg, method, progress=False)
+    ema, student = list(method.ema.parameters()), list(method.student.parameters())
+    assert any(not torch.equal(e, s) for e, s in zip(ema, student, strict=True))
+    assert any(not torch.equal(e, s) for e, s in zip(ema, start, strict=True))
+    exported = fv_core.load("wan2.1-t2v-tiny", out / "final").instance.component("transformer")
+    assert all(torch.equal(a, b) for a, b in zip(exported.parameters(), ema, strict=True))
+    recipe = json.loads((out / "final" / "fv_recipe.json").read_text())
+    assert recipe["exported"] == "ema" and recipe["ema_decay"] == 0.5
+    assert (out / "checkpoint-2" / "student" / "transformer").is_dir()
+
+    run = tmp_path / "resumed"
+    shutil.copytree(out, run, ignore=shutil.ignore_patterns("checkpoint-4", "final"))
+    resumed = DMD2Method(validate(dmd2_config(run, prompts, steps=4, ema_decay=0.5)))
+    assert train(resumed.cfg, resumed, progress=False)["resumed_from"] == 2
+    for a, b in ((method.ema, resumed.ema), (method.student, resumed.student)):
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
 def test_empty_prompts_file_is_refused(tmp_path):
     empty = tmp_path / "p.txt"
     empty.write_text("# only a comment\n\n")

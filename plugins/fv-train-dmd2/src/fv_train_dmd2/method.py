@@ -24,6 +24,8 @@ step first, TTUR):
 * GAN term (when ``gan_data`` and its weights are set): a head on the critic's last hidden states tells
   real clips of a registered dataset from the student's samples, both noised to a random level; the
   critic and head learn it, the student learns to fool it.
+* EMA (when ``ema_decay`` is set): an exponential moving average of the student, updated after each
+  generator update, is what evaluation and the export use (a single step's weights wander).
 
 The scores, losses, update step and checkpoints are the core's DMD toolkit
 (``fv_core.training.dmd``). Every forward runs the family's serve loop bodies through its training adapter
@@ -52,6 +54,7 @@ class DMD2Method(DistributionMatching):
     spec = MethodSpec(
         roles=(
             RoleSpec(Role.STUDENT, trains=TRANSFORMER, holds=TRANSFORMER),
+            RoleSpec(Role.EMA, holds=TRANSFORMER),  # only with options.ema_decay
             RoleSpec(Role.TEACHER, holds=("transformer", "text_encoder")),
             RoleSpec(Role.CRITIC, trains=TRANSFORMER, holds=TRANSFORMER),
         ),
@@ -76,10 +79,12 @@ class DMD2Method(DistributionMatching):
 
     # ---- the student's few-step sampler (the serving ``dmd`` sampler's math) ----
 
-    def student_x0(self, x: torch.Tensor, k: int, embeds: torch.Tensor, train: bool) -> torch.Tensor:
-        """The student's x0 prediction at its step ``k`` (input ``x`` at sigma_k)."""
+    def student_x0(
+        self, x: torch.Tensor, k: int, embeds: torch.Tensor, train: bool, model: torch.nn.Module | None = None
+    ) -> torch.Tensor:
+        """The student's (or ``model``'s) x0 prediction at its step ``k`` (input ``x`` at sigma_k)."""
         sigma = self.sigmas[k]
-        velocity = self.adapter.velocity(self.student, x, sigma.expand(x.shape[0]), embeds, train)
+        velocity = self.adapter.velocity(model or self.student, x, sigma.expand(x.shape[0]), embeds, train)
         return x - sigma * velocity
 
     def simulate(self, embeds: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -114,25 +119,30 @@ class DMD2Method(DistributionMatching):
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
-        """On fixed prompts and noise: the student's full rollout, then the DMD gap at fixed noise levels."""
+        """On fixed prompts and noise: the exported weights' full rollout (the EMA's when kept, else the
+        student's), then the DMD gap at fixed noise levels."""
         self.student.eval()
         self.critic.eval()
         gen = torch.Generator().manual_seed(12345)
         embeds = self.eval_embeds()
         last = len(self.opts.timesteps) - 1
-        x0 = self.student_x0(self.simulate(embeds, last, gen), last, embeds, train=False)
+        x0 = self.student_x0(self.simulate(embeds, last, gen), last, embeds, train=False, model=self.exported)
         return self.dm_gap(x0, embeds, gen)
 
     # ---- checkpoints ----
 
     def save(self, folder: Path) -> None:
-        """``folder`` is itself the exported student (loadable), plus ``critic/transformer`` and both
-        optimisers' state."""
+        """``folder`` is itself the exported student (loadable; the EMA when kept, then the trained student
+        is in ``student/transformer``), plus ``critic/transformer`` and both optimisers' state."""
         self.export(folder)
-        self.save_state(folder, {"critic": self.critic})
+        self.save_state(folder, {**self.trained_student(), "critic": self.critic})
 
     def load(self, folder: Path) -> None:
-        self.load_state(folder, {"": self.student, "critic": self.critic})
+        self.load_state(folder, {"": self.exported, **self.trained_student(), "critic": self.critic})
+
+    def trained_student(self) -> dict[str, torch.nn.Module]:
+        """The student's checkpoint folder beside the export, when the export is its EMA."""
+        return {"student": self.student} if self.exported is not self.student else {}
 
     def recipe(self) -> dict[str, Any]:
         return {
@@ -154,6 +164,8 @@ class DMD2Method(DistributionMatching):
             **({"detail_max_sigma": self.opts.detail_max_sigma} if self.opts.detail_fraction else {}),
             "regression_weight": self.opts.regression_weight,
             "regression_steps": self.opts.regression_steps,
+            "exported": "ema" if self.opts.ema_decay is not None else "student",
+            **({"ema_decay": self.opts.ema_decay} if self.opts.ema_decay is not None else {}),
             "gan_loss": self.opts.gan,
             **(
                 {
@@ -167,5 +179,5 @@ class DMD2Method(DistributionMatching):
         }
 
     def export(self, folder: Path) -> None:
-        """The teacher's checkpoint with the student's transformer, and the recipe."""
-        self.adapter.export(folder, {"transformer": self.student}, self.recipe())
+        """The teacher's checkpoint with the student's transformer (its EMA when kept), and the recipe."""
+        self.adapter.export(folder, {"transformer": self.exported}, self.recipe())

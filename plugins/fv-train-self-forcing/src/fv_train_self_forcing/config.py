@@ -25,8 +25,7 @@ class SelfForcingOptions(DMDOptions):
     context_timestep: int = Field(0, ge=0, le=1000)  # a finished chunk is re-run into the cache at it
     window_frames: int = Field(3, ge=1)  # latent frames the KV context holds at most
     sink_frames: int = Field(1, ge=0)  # first latent frames the rolling window always keeps
-    ema_decay: float = Field(0.99, ge=0, lt=1)  # EMA of the student, updated after each generator step
-    ema_start: int = Field(0, ge=0)  # generator updates before the EMA starts (it copies until then)
+    ema_decay: float = Field(0.99, ge=0, lt=1)  # always kept here (the core's is optional)
 
     @model_validator(mode="after")
     def _window(self) -> SelfForcingOptions:

@@ -106,7 +106,7 @@ class SelfForcingMethod(DistributionMatching):
         self.context_timestep = self.context_sigma * n
         self.num_frames = self.opts.num_frames or self.teacher_defaults.num_frames
         self._check_frames()
-        self.setup_roles(ema=True)
+        self.setup_roles()
 
     def _causal(self, adapter: TrainAdapter, family: str) -> CausalTrainAdapter:
         missing = [name for name in CAUSAL_API if not hasattr(adapter, name)]
@@ -126,10 +126,6 @@ class SelfForcingMethod(DistributionMatching):
                 f"chunk_frames={self.opts.chunk_frames}. Fix: set options.num_frames so that "
                 "(num_frames - 1) / 4 + 1 is a multiple of chunk_frames"
             )
-
-    @property
-    def ema(self) -> torch.nn.Module:
-        return self.roles[Role.EMA]["transformer"]
 
     # ---- the self-forcing rollout (the causal serve loop's order of passes and noise draws) ----
 
@@ -212,15 +208,6 @@ class SelfForcingMethod(DistributionMatching):
                     )
                 ctx.write(write["k"], write["v"], c * n)
         return torch.stack(losses).mean()
-
-    def after_generator_step(self, update: int) -> None:
-        self.update_ema(0.0 if update < self.opts.ema_start else self.opts.ema_decay)
-
-    @torch.no_grad()
-    def update_ema(self, decay: float) -> None:
-        """``ema = decay * ema + (1 - decay) * student`` (a copy at decay 0)."""
-        for e, s in zip(self.ema.parameters(), self.student.parameters(), strict=True):
-            e.lerp_(s.detach(), 1 - decay)
 
     # ---- evaluation ----
 
