@@ -193,8 +193,8 @@ class DistributionMatching:
 
     def setup_roles(self) -> None:
         """Teacher (frozen), student (the teacher's copy, with ``student_weights``' transformer when
-        given), an EMA of it when ``ema_decay`` is set, critic (the teacher's copy) and its GAN head when the GAN term
-        is on; both optimisers; every prompt's embeddings once."""
+        given), an EMA of it when ``ema_decay`` is set, critic (the teacher's copy) and its GAN head when
+        the GAN term is on; both optimisers; every prompt's embeddings once."""
         teacher = self.adapter.module("transformer").requires_grad_(False).eval()
         self.adapter.module("text_encoder").requires_grad_(False).eval()
         start = copy.deepcopy(teacher)

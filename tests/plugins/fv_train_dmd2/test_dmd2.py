@@ -255,6 +255,13 @@ def test_ema_is_what_is_exported_and_resumes_bit_for_bit(prompts, tmp_path):
         assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
 
 
+def test_resuming_a_run_without_an_ema_with_one_is_refused(trained, prompts, tmp_path):
+    _, _, out = trained
+    method = DMD2Method(validate(dmd2_config(tmp_path, prompts, steps=4, ema_decay=0.9)))
+    with pytest.raises(ConfigError, match=r"no student/ folder.*ema_decay.*0\.9 now.*Fix"):
+        method.load(out / "checkpoint-2")
+
+
 def test_empty_prompts_file_is_refused(tmp_path):
     empty = tmp_path / "p.txt"
     empty.write_text("# only a comment\n\n")

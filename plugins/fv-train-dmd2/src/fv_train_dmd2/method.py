@@ -138,6 +138,12 @@ class DMD2Method(DistributionMatching):
         self.save_state(folder, {**self.trained_student(), "critic": self.critic})
 
     def load(self, folder: Path) -> None:
+        if self.trained_student() and not (folder / "student").is_dir():
+            raise ConfigError(
+                f"checkpoint {folder} has no student/ folder: it was saved without options.ema_decay, which "
+                f"is {self.opts.ema_decay} now. Fix: resume with the options of the run that saved it, or "
+                "start a new output_dir"
+            )
         self.load_state(folder, {"": self.exported, **self.trained_student(), "critic": self.critic})
 
     def trained_student(self) -> dict[str, torch.nn.Module]:
