@@ -84,7 +84,8 @@ class DMD2Method(DistributionMatching):
     ) -> torch.Tensor:
         """The student's (or ``model``'s) x0 prediction at its step ``k`` (input ``x`` at sigma_k)."""
         sigma = self.sigmas[k]
-        velocity = self.adapter.velocity(model or self.student, x, sigma.expand(x.shape[0]), embeds, train)
+        model = self.student if model is None else model  # a module's truth value is its length, if any
+        velocity = self.adapter.velocity(model, x, sigma.expand(x.shape[0]), embeds, train)
         return x - sigma * velocity
 
     def simulate(self, embeds: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
