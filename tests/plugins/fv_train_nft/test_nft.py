@@ -339,3 +339,44 @@ def test_position_debiased_scores_do_not_depend_on_start_distance():
     assert abs(float(sq.mean() - scores[:4].double().mean())) < 1e-6  # the mean is kept
     assert out[6] == 0.0  # no position: unchanged
     assert torch.equal(debias(scores, dist, shapes, min_fit=8), scores)  # too few to fit
+
+
+@pytest.mark.parametrize("shared_noise", [False, True])
+def test_shared_noise_noises_a_groups_members_alike(tmp_path, shared_noise):
+    """With shared_noise every member of a group is forward-noised with the same eps at the same
+    levels (common random numbers); without, each sample draws its own eps."""
+    method = make(tmp_path, steps=1, shared_noise=shared_noise, train_timesteps=2)
+    batch = method.rollout(0)
+    latents, groups = batch["latents"], batch["groups"].tolist()
+    eps: dict[tuple[int, float], list[torch.Tensor]] = {}  # (group, level) -> its members' eps
+    loss = method.loss
+
+    def record(x_t, x0, t, *rest):
+        for k in range(len(x0)):
+            row = next(i for i in range(len(latents)) if torch.equal(latents[i], x0[k]))
+            eps.setdefault((groups[row], round(float(t[k]), 6)), []).append(
+                (x_t[k] - (1 - t[k]) * x0[k]) / t[k]
+            )
+        return loss(x_t, x0, t, *rest)
+
+    method.loss = record
+    method.accumulate(batch, batch["generator"])
+    assert sum(len(m) for m in eps.values()) == 2 * len(latents)  # train_timesteps levels per sample
+    pairs = [m for m in eps.values() if len(m) == 2]  # never empty: 2 of 3 levels per member
+    assert pairs
+    if shared_noise:
+        assert len(pairs) == len(eps) == 2 * len(set(groups))  # each group: both members, 2 levels
+    assert all(torch.allclose(a, b, atol=1e-4) == shared_noise for a, b in pairs)
+
+
+def test_group_variation_makes_a_groups_videos_variations_of_one_seed(tmp_path):
+    """group_variation: each member is a variation (variation seed = its own seed) of the group's
+    seed. At strength 1 that is exactly the independent rollout; at a small one a group's latents lie
+    closer together than other groups' do."""
+    independent = make(tmp_path / "a", steps=1, prompts=PROMPTS[:1]).rollout(0)["latents"]
+    full = make(tmp_path / "b", steps=1, prompts=PROMPTS[:1], group_variation=1.0).rollout(0)["latents"]
+    assert torch.equal(full, independent)
+    near = make(tmp_path / "c", steps=1, prompts=PROMPTS[:1], group_variation=0.1).rollout(0)["latents"]
+    within = [(near[0] - near[1]).norm(), (near[2] - near[3]).norm()]
+    across = [(near[i] - near[j]).norm() for i in (0, 1) for j in (2, 3)]
+    assert max(within) < min(across)

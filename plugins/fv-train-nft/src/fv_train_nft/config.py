@@ -35,6 +35,11 @@ class NftOptions(StrictModel):
     # within-group std; None: all): groups whose videos all score alike carry no advantage to learn
     train_groups: int | None = Field(None, gt=0)
     rollout_steps: int = Field(10, gt=0)  # ODE steps of the old policy's rollouts (the card's sampler)
+    # a group's videos are variations of one seed (the request's variation_seed / variation_strength
+    # at this strength; None: independent seeds, as published). Their start positions nearly agree
+    # (the shapes model at 0.15: 1.8 px std within a group vs 6.6 px), so a group's advantages rank how
+    # well the same layout is drawn rather than where the object starts
+    group_variation: float | None = Field(None, gt=0, le=1)
     save_records: bool = False  # write each step's rollout records under output_dir/rollouts/step-N
     # CFG scale of each group's rollouts, cycled over the step's groups ([1.0]: no CFG, as published).
     # A group rolled out at g > 1 trains the guided velocity v_u + g (v_c - v_u) of the student (cond
@@ -51,6 +56,11 @@ class NftOptions(StrictModel):
     # where x_t already fixes the layout, so the r-weighted pulls act on details, not on positions)
     max_level: float = Field(1.0, gt=0, le=1)
     train_timesteps: int | None = Field(None, gt=0)  # levels per sample (None: floor(0.99 * rollout_steps))
+    # common random numbers: a group's members are forward-noised with the same eps at the same levels.
+    # Their r - 1/2 sum to about 0 within a group, so the eps part of the x0 errors (most of the
+    # error at high noise) cancels out of the policy gradient instead of adding variance; each
+    # sample's expected gradient is unchanged. False: fresh eps and levels per sample (published)
+    shared_noise: bool = False
     max_sequence_length: int | None = Field(None, gt=0)  # prompt padding (default: the card's)
     beta: float = Field(1.0, gt=0)  # v+ = (1-beta) v_old + beta v, v- = (1+beta) v_old - beta v
     kl_weight: float = Field(1e-4, ge=0)  # velocity distance to the frozen reference

@@ -9,7 +9,8 @@ One optimisation step (``step``), as published:
    the rollout profile, one ``BehaviorRecord`` per video: content hashes of every step, its seed and
    weights versions; kept under ``output_dir/rollouts/`` with ``save_records``), on a loaded model whose
    live transformer *is* the old role. Seeds
-   are a function of (config seed, step, sample), so a resumed run rolls out the same videos.
+   are a function of (config seed, step, sample), so a resumed run rolls out the same videos. With
+   ``group_variation`` a group's videos are variations (variation seeds) of one seed.
 2. Reward. The reward plugin (``fv_core.training.load_reward``, e.g. ``shapes-detector``) scores
    the decoded frames against their prompts.
 3. Advantages. Per prompt ``A = (reward - group mean) / (std + 1e-4)`` (std over the whole batch
@@ -141,15 +142,21 @@ class NftMethod:
         return params
 
     def generate(
-        self, model: Any, prompts: list[str], seeds: list[int], steps: int, guidance: float | list[float]
+        self,
+        model: Any,
+        prompts: list[str],
+        seeds: list[int],
+        steps: int,
+        guidance: float | list[float],
+        extra: list[dict[str, Any]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(clean latents [N, ...], frames [N, F, H, W, 3]) of ``model`` through the core's rollout (one
-        CFG scale, or one per video); ``self.versions`` the transformer weights version each ran on,
-        ``self.records`` each video's BehaviorRecord."""
+        CFG scale, or one per video; ``extra``: more request params per video); ``self.versions`` the
+        transformer weights version each ran on, ``self.records`` each video's BehaviorRecord."""
         scales = guidance if isinstance(guidance, list) else [guidance] * len(prompts)
         requests = [
-            {**self.request_params(steps, g), "prompt": p, "seed": s}
-            for p, s, g in zip(prompts, seeds, scales, strict=True)
+            {**self.request_params(steps, g), "prompt": p, "seed": s, **(e or {})}
+            for p, s, g, e in zip(prompts, seeds, scales, extra or [None] * len(prompts), strict=True)
         ]
         rollouts = rollout(model, requests, max_batch_rows=64, refs=True)
         self.records = [r.record for r in rollouts]
@@ -173,7 +180,11 @@ class NftMethod:
         ]
         base = 10_000 + (self.cfg.seed * 7919 + step) * SEED_STRIDE
         seeds = [base + i for i in range(len(prompts))]
-        latents, frames = self.generate(self.model, prompts, seeds, self.opts.rollout_steps, guidance)
+        extra = None
+        if self.opts.group_variation is not None:  # one seed per group, each member a variation of it
+            extra = [{"variation_seed": s, "variation_strength": self.opts.group_variation} for s in seeds]
+            seeds = [base + int(g) * self.opts.group_size for g in groups]
+        latents, frames = self.generate(self.model, prompts, seeds, self.opts.rollout_steps, guidance, extra)
         if self.old_version is not None and set(self.versions) != {self.old_version}:
             raise RuntimeError(
                 f"rollouts ran on transformer versions {sorted(map(str, set(self.versions)))}, not the old "
@@ -186,6 +197,7 @@ class NftMethod:
         keep = self.trained_samples(rewards, groups)
         return {
             "prompts": [prompts[i] for i in keep.tolist()],
+            "groups": groups[keep],
             "latents": latents[keep],
             "rewards": rewards,
             "advantages": adv[keep],
@@ -243,7 +255,8 @@ class NftMethod:
 
     def accumulate(self, batch: dict[str, Any], gen: torch.Generator) -> dict[str, float]:
         """Backward of the NFT loss over every (sample, level) pair: minibatches of ``batch_size``
-        pairs, each sample on ``levels`` distinct levels of the rollout schedule."""
+        pairs, each sample on ``levels`` distinct levels of the rollout schedule. With
+        ``shared_noise`` a group's members are noised at the same levels with the same eps."""
         x0_all, r_all, prompts = batch["latents"], batch["r"], batch["prompts"]
         g_all = batch.get("guidance", torch.ones(len(prompts)))
         n = len(prompts)
@@ -251,10 +264,18 @@ class NftMethod:
             embeds_all = self.adapter.conditioning(prompts)  # frozen text encoder, as served
             if bool((g_all > 1).any()):  # the unconditional branch's text: the card's negative prompt
                 self.negative = self.adapter.conditioning([self.negative_prompt()])
+        # the noise draws: one per sample, or (shared_noise) one per group, which all its members share
+        draws = batch["groups"] if self.opts.shared_noise else torch.arange(n)
+        draw_of = {int(d): k for k, d in enumerate(draws.unique())}
         levels = torch.stack(
-            [torch.randperm(len(self.sigmas), generator=gen)[: self.levels] for _ in range(n)]
+            [torch.randperm(len(self.sigmas), generator=gen)[: self.levels] for _ in range(len(draw_of))]
+        )[[draw_of[int(d)] for d in draws]]
+        shared = (
+            torch.randn(len(draw_of), self.levels, *x0_all.shape[1:], generator=gen)
+            if self.opts.shared_noise
+            else None
         )
-        pairs = [(i, int(levels[i, j])) for j in range(self.levels) for i in range(n)]
+        pairs = [(i, j) for j in range(self.levels) for i in range(n)]
         order = torch.randperm(len(pairs), generator=gen).tolist()
         pairs = [pairs[k] for k in order]
         size = self.cfg.batch_size
@@ -262,9 +283,12 @@ class NftMethod:
         totals = {"loss": 0.0, "loss_policy": 0.0, "loss_kl": 0.0, "loss_positive": 0.0, "loss_negative": 0.0}
         for chunk in chunks:
             idx = torch.tensor([i for i, _ in chunk])
-            t = self.sigmas[torch.tensor([lvl for _, lvl in chunk])]
+            t = self.sigmas[torch.stack([levels[i, j] for i, j in chunk])]
             x0 = x0_all[idx]
-            noise = torch.randn(x0.shape, generator=gen)
+            if shared is None:
+                noise = torch.randn(x0.shape, generator=gen)
+            else:
+                noise = torch.stack([shared[draw_of[int(draws[i])], j] for i, j in chunk])
             x_t = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * noise
             parts = self.loss(x_t, x0, t, embeds_all[idx], r_all[idx], g_all[idx])
             (parts.loss * len(chunk) / len(pairs)).backward()
@@ -408,7 +432,8 @@ class NftMethod:
             "rollout": {"steps": o.rollout_steps, "sampler": o.sampler or "card default",
                         "guidance": o.rollout_guidance, "guided_grad": o.guided_grad,
                         "prompts_per_step": o.prompts_per_step, "group_size": o.group_size,
-                        "train_groups": o.train_groups},
+                        "train_groups": o.train_groups, "group_variation": o.group_variation,
+                        "shared_noise": o.shared_noise},
             "beta": o.beta, "kl_weight": o.kl_weight, "adv_clip_max": o.adv_clip_max,
             "old_decay": {"rate": o.eta_rate, "max": o.eta_max, "flat": o.eta_flat},
             "train_timesteps": self.levels, "flow_shift": o.flow_shift, "max_level": o.max_level, "steps": self.cfg.steps, "seed": self.cfg.seed,
