@@ -1,4 +1,4 @@
-"""Initial noise shared by every family: a seed's noise, optionally varied toward a second seed's."""
+"""Initial-noise helpers for any family's loop: a seed's noise varied toward a second seed's."""
 
 from __future__ import annotations
 
