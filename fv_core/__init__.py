@@ -57,17 +57,7 @@ from fv_core.parity import ParityAligner, assert_interleave_parity, check_batche
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.program import Program, Stage
 from fv_core.registry import lookup_kernel, resolve_lazy
-from fv_core.request import (
-    AudioPart,
-    ImagePart,
-    Params,
-    Part,
-    Request,
-    TextPart,
-    VideoPart,
-    param_meta,
-    variation_noise,
-)
+from fv_core.request import AudioPart, ImagePart, Params, Part, Request, TextPart, VideoPart, param_meta
 from fv_core.runtime import AsyncEngine, Budget, Engine
 
 __version__ = "0.1.0"
@@ -151,5 +141,4 @@ __all__ = [
     "param_meta",
     "plugin_slot",
     "resolve_lazy",
-    "variation_noise",
 ]

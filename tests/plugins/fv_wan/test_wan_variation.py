@@ -8,7 +8,8 @@ import pytest
 import torch
 from wan_support import request, run
 
-from fv_core import ConfigError, variation_noise
+from fv_core import ConfigError
+from fv_core.request import variation_noise
 
 
 def latents(model, **params) -> torch.Tensor:
