@@ -183,7 +183,7 @@ class NftMethod:
         extra = None
         if self.opts.group_variation is not None:  # one seed per group, each member a variation of it
             extra = [{"variation_seed": s, "variation_strength": self.opts.group_variation} for s in seeds]
-            seeds = [base + int(g) * self.opts.group_size for g in groups]
+            seeds = [base + len(prompts) + int(g) for g in groups]  # none of the members' seeds
         latents, frames = self.generate(self.model, prompts, seeds, self.opts.rollout_steps, guidance, extra)
         if self.old_version is not None and set(self.versions) != {self.old_version}:
             raise RuntimeError(

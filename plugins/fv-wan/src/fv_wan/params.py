@@ -79,6 +79,12 @@ class WanParams(Params):
                 "but variation_seed is not set. Fix: set variation_seed, or variation_strength=0",
                 param="variation_strength",
             )
+        if self.variation_strength > 0 and self.variation_seed == self.seed:
+            raise ConfigError(
+                f"variation_seed={self.variation_seed} equals seed: mixing a noise with itself only scales "
+                "it. Fix: choose a variation_seed other than seed",
+                param="variation_seed",
+            )
         frames = self.num_frames
         if (frames - 1) % 4:
             raise ConfigError(
