@@ -38,3 +38,21 @@ def test_detector_is_correct_on_ground_truth_clips():
 def test_detector_reports_nothing_on_an_empty_clip():
     empty = torch.tensor(shapes.BACKGROUND).expand(shapes.FRAMES, shapes.SIZE, shapes.SIZE, 3)
     assert detect(empty).colour is None and detect(empty).direction is None
+
+
+def test_eval_scores_each_caption_on_its_own():
+    from fv_train_flow.detect import Detection
+    from fv_train_flow.eval import score
+
+    held = sorted(shapes.HELD_OUT)[0]
+    seen = shapes.TRAIN_COMBOS[0]
+    specs = [shapes.ClipSpec(*held, (20.0, 32.0)), shapes.ClipSpec(*held, (44.0, 32.0))]
+    specs.append(shapes.ClipSpec(*seen, (32.0, 32.0)))
+    found = [detect(shapes.render(s)) for s in specs]
+    wrong = "circle" if held[1] == "square" else "square"  # the second held-out clip misread
+    found[1] = Detection(found[1].colour, wrong, found[1].direction, found[1].start, 0.5)
+    rows = score([(s, 0) for s in specs], found)["by_caption"]
+    first, other = rows[specs[0].caption], rows[specs[2].caption]
+    assert first["n"] == 2 and first["held_out"] and not other["held_out"]
+    assert first["shape"] == 0.5 and first["colour"] == 1.0 and other["shape"] == 1.0
+    assert abs(first["start_distance"] - 12.0) < 1.0 and other["start_distance"] < 1.0

@@ -319,6 +319,24 @@ def test_guided_groups_train_the_cfg_combine_of_each_role(tmp_path, guided_grad)
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
 
+def test_guided_loss_power_weights_each_guided_sample_by_g_to_minus_the_power(tmp_path):
+    method = make(tmp_path, steps=1, rollout_guidance=[1.0, 4.0], guided_loss_power=2.0)
+    method.negative = method.adapter.conditioning([method.negative_prompt()])
+    x0 = torch.randn(4, *method.adapter.noise(1, torch.Generator().manual_seed(0)).shape[1:])
+    t, g = method.sigmas[torch.tensor([0, 1, 0, 1])], torch.tensor([1.0, 1.0, 4.0, 4.0])
+    x_t = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * torch.randn_like(x0)
+    embeds = method.adapter.conditioning(PROMPTS[:2] * 2)
+    r = torch.tensor([0.9, 0.2, 0.7, 0.4])
+    with torch.no_grad():
+        weighted = method.loss(x_t, x0, t, embeds, r, g).policy
+        method.opts.guided_loss_power = 0.0
+        each = [method.loss(x_t[i : i + 1], x0[i : i + 1], t[i : i + 1], embeds[i : i + 1], r[i : i + 1],
+                            g[i : i + 1]).policy for i in range(4)]  # fmt: skip
+    expected = (each[0] + each[1] + (each[2] + each[3]) / 16) / 4
+    assert torch.allclose(weighted, expected, rtol=1e-4) and not torch.allclose(weighted, sum(each) / 4)
+    assert make(tmp_path / "b", steps=1).opts.guided_loss_power == 0.0  # default: every sample alike
+
+
 def test_train_groups_keeps_the_most_varied_groups_per_cfg_scale(tmp_path):
     method = make(tmp_path, steps=1, prompts_per_step=4, rollout_guidance=[1.0, 4.0], train_groups=2)
     groups = torch.arange(4).repeat_interleave(2)  # groups 0, 2 at g1; 1, 3 at g4

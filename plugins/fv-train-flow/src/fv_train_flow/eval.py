@@ -3,11 +3,13 @@
 The prompt set is fixed: every held-out (colour, shape, direction) combination plus an even spread
 of training combinations, each prompted with several seeds. Reported per group ("seen",
 "held_out", "all"): accuracy per attribute, and diversity, the spread of the object's start
-position across the seeds of one prompt, next to the same spread over real clips.
+position across the seeds of one prompt, next to the same spread over real clips; and per caption
+(``by_caption``) accuracy, median fill and mean start distance from the centre.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
@@ -86,7 +88,33 @@ def score(
             row[f"{shape}_fill_median"] = round(statistics.median(fills), 4) if fills else None
         row["n"] = len(idx)
         report[group] = row
+    report["by_caption"] = by_caption(pairs, detections)
     return report
+
+
+def by_caption(
+    pairs: list[tuple[shapes.ClipSpec, int]], detections: list[Detection]
+) -> dict[str, dict[str, float | int | bool | None]]:
+    """Accuracy per attribute, the median fill and the mean start distance from the frame's centre
+    per caption: a group's misses often sit in one combination."""
+    rows: dict[str, list[int]] = {}
+    for i, (spec, _) in enumerate(pairs):
+        rows.setdefault(spec.caption, []).append(i)
+    centre = shapes.SIZE / 2
+    out = {}
+    for caption, idx in rows.items():
+        spec, found = pairs[idx[0]][0], [detections[i] for i in idx]
+        hits = [d.matches(spec) for d in found]
+        fills = [d.fill for d in found if d.fill is not None]
+        dists = [math.dist(d.start, (centre, centre)) for d in found if d.start is not None]
+        out[caption] = {
+            **{a: round(sum(h[a] for h in hits) / len(hits), 4) for a in ATTRIBUTES},
+            "fill_median": round(statistics.median(fills), 4) if fills else None,
+            "start_distance": round(statistics.fmean(dists), 2) if dists else None,
+            "held_out": (spec.colour, spec.shape, spec.direction) in shapes.HELD_OUT,
+            "n": len(idx),
+        }
+    return out
 
 
 def real_spread(pairs: list[tuple[shapes.ClipSpec, int]], seed: int = 99) -> float:

@@ -48,6 +48,10 @@ class NftOptions(StrictModel):
     # which student branches a guided group's loss reaches ("both"; "uncond": only the unconditional
     # forward carries gradient, the conditional one is the student's, detached)
     guided_grad: Literal["both", "uncond"] = "both"
+    # a guided group's loss is weighted g ** -guided_loss_power (0: as a guidance-1 group's). A step
+    # moves the guided velocity v_u + g (v_c - v_u) about g^2 times as far along the branches'
+    # difference as it moves a guidance-1 velocity, so 2 gives guided samples a comparable step
+    guided_loss_power: float = Field(0.0, ge=0)
     sampler: str | None = None  # the rollout sampler (default: the card's)
     # the noise levels trained on: ``rollout_steps`` uniform levels from 1 down, shifted by this as the
     # flow sampler shifts its schedule (3.0: the shapes card's own; 1.0: the uniform grid)

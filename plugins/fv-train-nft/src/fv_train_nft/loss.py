@@ -67,6 +67,7 @@ def nft_loss(
     kl_weight: float,
     adv_clip_max: float,
     adaptive_weight: bool = True,
+    weight: torch.Tensor | None = None,
 ) -> NftLoss:
     """The negative-aware flow loss at noise level ``t`` [B] on clean samples ``x0``.
 
@@ -76,6 +77,7 @@ def nft_loss(
     absolute error. With ``r = 1/2`` everywhere (no advantage) the two terms are mirror images around
     ``v_old``: without adaptive weights the loss is ``(||e||^2 + t^2 beta^2 ||v - v_old||^2) / beta``
     per element (``e`` the old policy's x0 error), whose gradient only pulls ``v`` back to ``v_old``.
+    ``weight`` [B] scales each sample's policy and KL terms (default 1).
     """
     v_old, v_ref = v_old.detach(), v_ref.detach()
     dims = tuple(range(1, x0.ndim))
@@ -84,8 +86,9 @@ def nft_loss(
     negative = (1 + beta) * v_old - beta * v
     pos = _x0_error(x_t - te * positive, x0, dims, adaptive_weight)
     neg = _x0_error(x_t - te * negative, x0, dims, adaptive_weight)
-    policy = adv_clip_max * (r * pos / beta + (1 - r) * neg / beta).mean()
-    kl = ((v - v_ref) ** 2).mean(dims).mean()
+    w = torch.ones_like(r) if weight is None else weight.to(r.dtype)
+    policy = adv_clip_max * (w * (r * pos / beta + (1 - r) * neg / beta)).mean()
+    kl = (w * ((v - v_ref) ** 2).mean(dims)).mean()
     return NftLoss(policy + kl_weight * kl, policy, pos.mean().detach(), neg.mean().detach(), kl)
 
 

@@ -320,8 +320,9 @@ class NftMethod:
         v_ref = self.guided(Role.REFERENCE, x_t, t, embeds, guidance, False)
         v = self.guided(Role.STUDENT, x_t, t, embeds, guidance, True)
         o = self.opts
+        weight = None if guidance is None else guidance.double().pow(-o.guided_loss_power)
         return nft_loss(
-            v, v_old, v_ref, x_t, x0, t, r, o.beta, o.kl_weight, o.adv_clip_max, o.adaptive_weight
+            v, v_old, v_ref, x_t, x0, t, r, o.beta, o.kl_weight, o.adv_clip_max, o.adaptive_weight, weight
         )
 
     def guided(
@@ -431,6 +432,7 @@ class NftMethod:
             "reward": o.reward.model_dump(),
             "rollout": {"steps": o.rollout_steps, "sampler": o.sampler or "card default",
                         "guidance": o.rollout_guidance, "guided_grad": o.guided_grad,
+                        "guided_loss_power": o.guided_loss_power,
                         "prompts_per_step": o.prompts_per_step, "group_size": o.group_size,
                         "train_groups": o.train_groups, "group_variation": o.group_variation,
                         "shared_noise": o.shared_noise},
