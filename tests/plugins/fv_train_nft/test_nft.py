@@ -17,6 +17,7 @@ from fv_core.plugins import PluginHost
 from fv_core.training import Consistency, Role, load_records, records_equal, save_records, train, validate
 from fv_train_nft import plugin
 from fv_train_nft.config import NftOptions
+from fv_train_nft.lora import merged_weights
 from fv_train_nft.loss import advantages, nft_loss, old_decay, optimality
 from fv_train_nft.method import NftMethod
 from fv_train_nft.rewards import ConstantReward, PositionDebiasedShapesReward, debias
@@ -238,13 +239,14 @@ def test_c2_train_forward_equals_serve_forward_bit_for_bit(stepped, tmp_path):
     assert NftMethod.spec.consistency is Consistency.C2_FREE
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path):
-    whole = make(tmp_path / "whole", steps=3)
-    train(validate(nft_config(tmp_path / "whole", 3)), whole, progress=False)
-    first = make(tmp_path / "split", steps=2)
-    train(validate(nft_config(tmp_path / "split", 2)), first, progress=False)
-    resumed = make(tmp_path / "split", steps=3)
-    summary = train(validate(nft_config(tmp_path / "split", 3)), resumed, progress=False)
+@pytest.mark.parametrize("options", [{}, {"lora_rank": 2}], ids=["full", "lora"])
+def test_resume_equals_an_uninterrupted_run(tmp_path, options):
+    whole = make(tmp_path / "whole", steps=3, **options)
+    train(validate(nft_config(tmp_path / "whole", 3, **options)), whole, progress=False)
+    first = make(tmp_path / "split", steps=2, **options)
+    train(validate(nft_config(tmp_path / "split", 2, **options)), first, progress=False)
+    resumed = make(tmp_path / "split", steps=3, **options)
+    summary = train(validate(nft_config(tmp_path / "split", 3, **options)), resumed, progress=False)
     assert summary["resumed_from"] == 2
     for role in (Role.STUDENT, Role.OLD):
         a = whole.roles[role]["transformer"].state_dict()
@@ -253,6 +255,29 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     exported = fv_core.load("wan2.1-t2v-tiny", tmp_path / "whole" / "final")
     recipe = (tmp_path / "whole" / "final" / "fv_recipe.json").read_text()
     assert '"method": "nft"' in recipe and exported.card.model_id == "wan2.1-t2v-tiny"
+
+
+def test_a_lora_student_trains_only_adapters_and_folds_them_into_old_and_export(tmp_path):
+    method = make(tmp_path, steps=1, lora_rank=2)
+    student = method.roles[Role.STUDENT]["transformer"]
+    trained = {n for n, p in student.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
+    assert {id(p) for p in method.trainable()} == {id(p) for p in student.parameters() if p.requires_grad}
+    start = {n: p.detach().clone() for n, p in method.roles[Role.OLD]["transformer"].named_parameters()}
+    method.step(0)
+    merged = merged_weights(student)
+    assert set(merged) == set(start)
+    assert any(not torch.equal(merged[n], start[n]) for n in start)  # the adapters moved the weights
+    base = {n.replace(".base_layer.", "."): p for n, p in student.named_parameters() if not p.requires_grad}
+    assert all(torch.equal(base[n], start[n]) for n in start)  # the base weights did not
+    eta = old_decay(1, 0.25, 0.5)
+    for name, old in method.roles[Role.OLD]["transformer"].named_parameters():
+        assert torch.equal(old, start[name] * eta + merged[name] * (1 - eta)), name
+    method.export(tmp_path / "exported")
+    served = fv_core.load("wan2.1-t2v-tiny", tmp_path / "exported").instance.component("transformer")
+    assert all(torch.equal(p, merged[n]) for n, p in served.named_parameters())
+    recipe = (tmp_path / "exported" / "fv_recipe.json").read_text()
+    assert '"rank": 2' in recipe
 
 
 @pytest.mark.parametrize(

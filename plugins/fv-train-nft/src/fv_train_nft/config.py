@@ -66,6 +66,11 @@ class NftOptions(StrictModel):
     # sample's expected gradient is unchanged. False: fresh eps and levels per sample (published)
     shared_noise: bool = False
     max_sequence_length: int | None = Field(None, gt=0)  # prompt padding (default: the card's)
+    # the student trains LoRA adapters of this rank instead of every weight (None: a full fine-tune);
+    # the published recipe trains LoRA. fv_train_nft.lora
+    lora_rank: int | None = Field(None, gt=0)
+    lora_alpha: float | None = Field(None, gt=0)  # adapter scale alpha / rank (default: alpha = rank)
+    lora_targets: list[str] = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
     beta: float = Field(1.0, gt=0)  # v+ = (1-beta) v_old + beta v, v- = (1+beta) v_old - beta v
     kl_weight: float = Field(1e-4, ge=0)  # velocity distance to the frozen reference
     adv_clip_max: float = Field(5.0, gt=0)  # r = 1/2 + clip(A / adv_clip_max, -1, 1) / 2

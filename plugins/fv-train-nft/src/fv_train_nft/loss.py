@@ -38,10 +38,11 @@ def old_decay(step: int, rate: float, max_eta: float, flat: int = 0) -> float:
 
 
 @torch.no_grad()
-def blend_old(old: torch.nn.Module, student: torch.nn.Module, eta: float) -> None:
-    """``old <- eta old + (1 - eta) student``, parameter by parameter, in place."""
-    for o, s in zip(old.parameters(), student.parameters(), strict=True):
-        o.copy_(o * eta + s.detach() * (1.0 - eta))
+def blend_old(old: torch.nn.Module, student: dict[str, torch.Tensor], eta: float) -> None:
+    """``old <- eta old + (1 - eta) student``, parameter by parameter (``student``: weights by
+    parameter name), in place."""
+    for name, o in old.named_parameters():
+        o.copy_(o * eta + student[name] * (1.0 - eta))
 
 
 @dataclass(slots=True)

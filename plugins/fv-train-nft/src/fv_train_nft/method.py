@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 import fv_core
 from fv_core import ConfigError
@@ -65,11 +66,13 @@ from fv_core.training import (
     validate_options,
 )
 from fv_train_nft.config import NftOptions, read_prompts
+from fv_train_nft.lora import add_lora, load_lora_state, lora_state, merged_weights
 from fv_train_nft.loss import advantages, blend_old, nft_loss, old_decay, optimality
 
 TRAINED = ("transformer",)  # what the student trains; every other component is the card's, shared
 SEED_STRIDE = 1_000_003  # rollout seed = base + step * SEED_STRIDE + sample (never the eval seeds 0..)
 EVAL_SEED_BASE = 0  # eval prompt i, seed s: seed s (as fv eval seeds its prompt set)
+LORA_FILE = "student_lora.safetensors"  # a LoRA student's adapters in a checkpoint folder
 
 
 class NftMethod:
@@ -116,6 +119,9 @@ class NftMethod:
         }
         for module in self.roles[Role.STUDENT].values():
             module.train()
+            if self.opts.lora_rank:  # only the adapters train
+                alpha = self.opts.lora_alpha or self.opts.lora_rank
+                add_lora(module, self.opts.lora_rank, alpha, self.opts.lora_targets)
         self.opt = make_optimizer(self.trainable(), cfg.optim)
         self.negative: torch.Tensor | None = None  # the negative prompt's embeddings (guided groups)
         self.old_version: str | None = None  # the rollout model's transformer version (None: as loaded)
@@ -129,7 +135,16 @@ class NftMethod:
             )
 
     def trainable(self) -> list[torch.nn.Parameter]:
-        return [p for m in self.roles[Role.STUDENT].values() for p in m.parameters()]
+        return [p for m in self.roles[Role.STUDENT].values() for p in m.parameters() if p.requires_grad]
+
+    def student_weights(self) -> dict[str, torch.nn.Module]:
+        """The student's transformer with plain weights (a LoRA student's adapters folded in)."""
+        student = self.roles[Role.STUDENT]["transformer"]
+        if not self.opts.lora_rank:
+            return {"transformer": student}
+        plain = copy.deepcopy(self.roles[Role.REFERENCE]["transformer"])
+        plain.load_state_dict(merged_weights(student))
+        return {"transformer": plain}
 
     # ---- rollout ----
 
@@ -359,7 +374,8 @@ class NftMethod:
     def update_old(self, eta: float, done: int) -> None:
         """The decayed old-policy update, then a new weights version for the rollout model's
         transformer (cached text K/V of the previous old weights must not be reused)."""
-        blend_old(self.roles[Role.OLD]["transformer"], self.roles[Role.STUDENT]["transformer"], eta)
+        student = merged_weights(self.roles[Role.STUDENT]["transformer"])
+        blend_old(self.roles[Role.OLD]["transformer"], student, eta)
         bump = getattr(self.model.instance, "set_weights_version", None)
         if bump is None:
             raise ConfigError(
@@ -397,15 +413,22 @@ class NftMethod:
 
     def save(self, folder: Path) -> None:
         """``folder`` is a loadable model with the student's weights; ``folder/old`` holds the old
-        policy's transformer; plus the optimiser state. (The reference is the starting checkpoint.)"""
+        policy's transformer; plus the optimiser state and a LoRA student's adapters. (The reference
+        is the starting checkpoint, which is also a LoRA student's base.)"""
         self.export(folder)
+        if self.opts.lora_rank:
+            save_file(lora_state(self.roles[Role.STUDENT]["transformer"]), folder / LORA_FILE)
         self.roles[Role.OLD]["transformer"].save_pretrained(
             folder / "old" / "transformer", safe_serialization=True
         )
         save_optimizer(self.opt, folder / "optimizer.safetensors")
 
     def load(self, folder: Path) -> None:
+        if self.opts.lora_rank:
+            load_lora_state(self.roles[Role.STUDENT]["transformer"], load_file(folder / LORA_FILE))
         for role, root in ((Role.STUDENT, folder), (Role.OLD, folder / "old")):
+            if role is Role.STUDENT and self.opts.lora_rank:
+                continue
             for name, module in self.roles[role].items():
                 saved = type(module).from_pretrained(root / name, use_safetensors=True)
                 module.load_state_dict(saved.state_dict())
@@ -435,12 +458,14 @@ class NftMethod:
                         "guided_loss_power": o.guided_loss_power,
                         "prompts_per_step": o.prompts_per_step, "group_size": o.group_size,
                         "train_groups": o.train_groups, "group_variation": o.group_variation,
+                        "lora": {"rank": o.lora_rank, "alpha": o.lora_alpha or o.lora_rank, "targets": o.lora_targets}
+                        if o.lora_rank else None,
                         "shared_noise": o.shared_noise},
             "beta": o.beta, "kl_weight": o.kl_weight, "adv_clip_max": o.adv_clip_max,
             "old_decay": {"rate": o.eta_rate, "max": o.eta_max, "flat": o.eta_flat},
             "train_timesteps": self.levels, "flow_shift": o.flow_shift, "max_level": o.max_level, "steps": self.cfg.steps, "seed": self.cfg.seed,
         }  # fmt: skip
-        self.adapter.export(folder, self.roles[Role.STUDENT], recipe)
+        self.adapter.export(folder, self.student_weights(), recipe)
 
 
 def schedule(steps: int, shift: float, top: float = 1.0) -> torch.Tensor:

@@ -1,0 +1,61 @@
+"""A LoRA student (as DiffusionNFT publishes it: the policy trains low-rank adapters, not every weight).
+
+On the shapes model a full fine-tune's update is mostly noise at the rollout counts a CPU affords: a
+random reward moves it as far as the real one (bench/nft_signal.py). Low-rank adapters confine each
+step to a few directions per layer, so the same noise moves the model much less.
+
+The adapters live on the student only (peft layers on its Linear modules); the old policy, the
+reference and every exported checkpoint hold plain weights with the adapters folded in.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def add_lora(module: torch.nn.Module, rank: int, alpha: float, targets: list[str]) -> None:
+    """Adapters of ``rank`` on the Linear layers whose names end with one of ``targets``; only the
+    adapters train (B starts at zero, so the student starts equal to ``module``)."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    module.requires_grad_(False)
+    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets), module)
+    for name, param in module.named_parameters():
+        param.requires_grad_(is_lora(name))
+
+
+def is_lora(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def merged_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s parameters under their plain names, each adapter's delta added to its layer's
+    weight (a module without adapters: its parameters as they are)."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {
+        f"{name}.base_layer.weight": layer.get_delta_weight(adapter).detach()
+        for name, layer in module.named_modules()
+        if isinstance(layer, LoraLayer)
+        for adapter in layer.active_adapters
+    }
+    return {
+        name.replace(".base_layer.", "."): param.detach() + deltas[name] if name in deltas else param.detach()
+        for name, param in module.named_parameters()
+        if not is_lora(name)
+    }
+
+
+def lora_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors (what a LoRA student's checkpoint adds to its base weights)."""
+    return {name: p.detach().clone() for name, p in module.named_parameters() if is_lora(name)}
+
+
+def load_lora_state(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    params = dict(module.named_parameters())
+    missing = sorted(set(lora_state(module)) ^ set(tensors))
+    if missing:
+        raise ValueError(f"LoRA checkpoint and student disagree on adapters: {missing[:4]}")
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value)
