@@ -1,8 +1,10 @@
 """A LoRA student (as DiffusionNFT publishes it: the policy trains low-rank adapters, not every weight).
 
-On the shapes model a full fine-tune's update is mostly noise at the rollout counts a CPU affords: a
-random reward moves it as far as the real one (bench/nft_signal.py). Low-rank adapters confine each
-step to a few directions per layer, so the same noise moves the model much less.
+At the rollout counts a CPU affords, a full fine-tune's update on the shapes model is mostly noise:
+with random advantages it costs as much shape accuracy as the real reward gains (bench/nft_signal.py:
+20 steps on one caption, KL 0.08 from noise alone). Rank-4 adapters confine each step to a few
+directions per layer: there the same random advantages moved the model to KL 0.0003 and the real
+reward beat them.
 
 The adapters live on the student only (peft layers on its Linear modules); the old policy, the
 reference and every exported checkpoint hold plain weights with the adapters folded in.
