@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from fv_core import ConfigError
+
 
 def add_lora(module: torch.nn.Module, rank: int, alpha: float, targets: list[str]) -> None:
     """Adapters of ``rank`` on the Linear layers whose names end with one of ``targets``; only the
@@ -54,10 +56,14 @@ def lora_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_lora_state(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy a checkpoint's adapters into ``module``'s (the same names, or a ConfigError)."""
     params = dict(module.named_parameters())
-    missing = sorted(set(lora_state(module)) ^ set(tensors))
-    if missing:
-        raise ValueError(f"LoRA checkpoint and student disagree on adapters: {missing[:4]}")
+    differ = sorted(set(lora_state(module)) ^ set(tensors))
+    if differ:
+        raise ConfigError(
+            f"the checkpoint's LoRA adapters do not match this run's ({len(differ)} differ, e.g. {differ[0]}). "
+            "Fix: resume with the lora_rank and lora_targets the checkpoint was trained with"
+        )
     with torch.no_grad():
         for name, value in tensors.items():
             params[name].copy_(value)

@@ -30,9 +30,10 @@ One optimisation step (``step``), as published:
    the model's transformer weights version is bumped so no cached text K/V of the previous old
    weights is reused.
 
-Roles: student (trains the transformer), old (samples), reference (frozen copy of the start, the KL
-anchor). The text encoder, VAE and tokenizer are the card's, frozen and shared. ``export`` writes
-the student's transformer over the starting checkpoint with ``fv_recipe.json``.
+Roles: student (trains the transformer, or LoRA adapters on it with ``lora_rank``), old (samples),
+reference (frozen copy of the start, the KL anchor). The text encoder, VAE and tokenizer are the
+card's, frozen and shared. ``export`` writes the student's transformer (adapters folded in) over the
+starting checkpoint with ``fv_recipe.json``.
 """
 
 from __future__ import annotations
