@@ -149,7 +149,8 @@ def plot(report: dict[str, Any], png: Path) -> None:
         steps = [c["step"] for c in res["curve"]]
         ax1.plot(steps, [c["shapes_reward"] for c in res["curve"]], "-o", ms=3, label=arm)
         ax2.plot(steps, [c["kl"] for c in res["curve"]], "-o", ms=3, label=arm)
-    ax1.axhline(report["arms"]["reward"]["rollout_shapes_reward_first"], color="grey", lw=0.8, ls="--")
+    start = next(iter(report["arms"].values()))["rollout_shapes_reward_first"]  # every arm's first rollouts
+    ax1.axhline(start, color="grey", lw=0.8, ls="--")
     ax1.set_title(f"shapes reward of the rollouts, '{report['settings']['caption']}'", fontsize=9)
     ax2.set_title("KL to the parent (velocity MSE)", fontsize=9)
     for ax in (ax1, ax2):
