@@ -11,6 +11,7 @@ seeds and optimiser with four rewards driving the advantages:
 - ``lora:reward``, ``lora:random``: the first and third with a LoRA student (``--lora-rank``, at
   ``--lora-lr``): the published way to train the policy, which confines each step to a few directions.
 
+Each arm is configs/shapes/nft.yaml on one caption with shared_noise and 2 noise levels per sample.
 Every arm records the shapes-detector reward of each step's rollouts (whatever drove them), the
 driving reward and the KL to the parent, then evaluates the final student on the caption (30 UniPC
 steps, ``--eval-seeds`` seeds: shape accuracy, median fill, start distance from the centre). Writes
@@ -44,23 +45,24 @@ CONFIG = REPO / "configs/shapes/nft.yaml"
 ARMS = ("reward", "negated", "random", "brightness", "lora:reward", "lora:random")
 
 
-def driving_reward(arm: str, shapes_reward: Any, seed: int):
+class DrivingReward:
     """The reward an arm's advantages come from; every call records the shapes reward's mean."""
-    noise = torch.Generator().manual_seed(seed)
 
-    def reward(frames: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        score = shapes_reward(frames, prompts).float()
-        reward.seen.append(score.mean().item())
-        if arm == "negated":
+    def __init__(self, arm: str, shapes_reward: Any, seed: int) -> None:
+        self.arm, self.shapes_reward = arm, shapes_reward
+        self.noise = torch.Generator().manual_seed(seed)
+        self.seen: list[float] = []
+
+    def __call__(self, frames: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        score = self.shapes_reward(frames, prompts).float()
+        self.seen.append(score.mean().item())
+        if self.arm == "negated":
             return -score
-        if arm == "random":
-            return torch.rand(len(score), generator=noise)
-        if arm == "brightness":
+        if self.arm == "random":
+            return torch.rand(len(score), generator=self.noise)
+        if self.arm == "brightness":
             return frames.float().mean(dim=(1, 2, 3, 4))
         return score
-
-    reward.seen = []
-    return reward
 
 
 def config(args: argparse.Namespace, out: Path, lora: bool) -> dict[str, Any]:
@@ -94,7 +96,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         student, _, reward = arm.rpartition(":")
         method = NftMethod(validate(config(args, Path(tmp) / "run", student == "lora")))
-        method.reward = driving_reward(reward, method.reward, args.seed)
+        method.reward = DrivingReward(reward, method.reward, args.seed)
         curve, start = [], time.perf_counter()
         for step in range(args.steps):
             log = method.step(step)

@@ -425,11 +425,12 @@ class NftMethod:
         save_optimizer(self.opt, folder / "optimizer.safetensors")
 
     def load(self, folder: Path) -> None:
+        plain = [(Role.OLD, folder / "old")]  # roles saved as plain weights
         if self.opts.lora_rank:
             load_lora_state(self.roles[Role.STUDENT]["transformer"], load_file(folder / LORA_FILE))
-        for role, root in ((Role.STUDENT, folder), (Role.OLD, folder / "old")):
-            if role is Role.STUDENT and self.opts.lora_rank:
-                continue
+        else:
+            plain.append((Role.STUDENT, folder))
+        for role, root in plain:
             for name, module in self.roles[role].items():
                 saved = type(module).from_pretrained(root / name, use_safetensors=True)
                 module.load_state_dict(saved.state_dict())
