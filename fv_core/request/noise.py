@@ -1,19 +1,67 @@
-"""Initial-noise helpers for any family's loop: a seed's noise varied toward a second seed's."""
+"""Variation seeds for any family's loop: a request's noise turned toward a second seed's.
+
+A family's params subclass :class:`VariationParams` (the two fields and their rules), and its loop
+draws every initial noise through :class:`NoiseDraws`: each draw from the seed's generator is mixed
+with the same draw of the variation seed's generator, so strength 0 is the seed's output and 1 the
+variation seed's, bit for bit, whatever the loop draws (video, audio, decode noise, in order).
+"""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from pydantic import Field
+
+from fv_core.errors import ConfigError
+from fv_core.request.params import MAX_SEED, Params
 
 
-def variation_noise(noise: torch.Tensor, variation_seed: int, strength: float) -> torch.Tensor:
-    """``noise`` turned toward ``variation_seed``'s noise by ``strength`` (0: unchanged, 1: that
-    seed's): ``cos(s pi/2) noise + sin(s pi/2) other``, still exactly standard normal for any
-    strength. Small strengths give variations of the seed's output (its layout, other details).
-    ``other`` is drawn as ``noise`` was (CPU generator, float32), of the same shape."""
-    other = torch.randn(
-        noise.shape, generator=torch.Generator(device="cpu").manual_seed(variation_seed), dtype=torch.float32
-    ).to(noise.device, noise.dtype)
-    angle = strength * math.pi / 2
-    return math.cos(angle) * noise + math.sin(angle) * other
+class VariationParams(Params):
+    """Params of a loop that supports variation seeds (``check_variation`` holds their rules)."""
+
+    variation_seed: int | None = Field(
+        None, ge=0, le=MAX_SEED, description="a second seed whose noise variation_strength mixes in"
+    )
+    variation_strength: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="how far the noise turns toward variation_seed's (0: seed's output; small: variations of it)",
+    )
+
+    def check_variation(self) -> None:
+        if self.variation_strength > 0 and self.variation_seed is None:
+            raise ConfigError(
+                f"variation_strength={self.variation_strength} varies the noise toward variation_seed's, "
+                "but variation_seed is not set. Fix: set variation_seed, or variation_strength=0",
+                param="variation_strength",
+            )
+        if self.variation_strength > 0 and self.variation_seed == self.seed:
+            raise ConfigError(
+                f"variation_seed={self.variation_seed} equals seed: mixing a noise with itself only scales "
+                "it. Fix: choose a variation_seed other than seed",
+                param="variation_seed",
+            )
+
+
+class NoiseDraws:
+    """Standard-normal draws from ``generator`` (the request's seeded CPU generator), each turned
+    toward the same draw of ``variation_seed``'s generator: ``cos(s pi/2) n + sin(s pi/2) m``, still
+    exactly standard normal for any strength ``s``. No variation seed or strength 0: the plain draws."""
+
+    def __init__(self, generator: torch.Generator, variation_seed: int | None = None, strength: float = 0.0):
+        self.generator, self.strength = generator, strength
+        self.variation = (
+            torch.Generator(device="cpu").manual_seed(variation_seed)
+            if variation_seed is not None and strength > 0
+            else None
+        )
+
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        noise = torch.randn(shape, generator=self.generator, dtype=dtype)
+        if self.variation is None:
+            return noise
+        other = torch.randn(shape, generator=self.variation, dtype=dtype)
+        angle = self.strength * math.pi / 2
+        return math.cos(angle) * noise + math.sin(angle) * other

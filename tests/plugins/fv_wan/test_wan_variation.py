@@ -9,7 +9,7 @@ import torch
 from wan_support import request, run
 
 from fv_core import ConfigError
-from fv_core.request import variation_noise
+from fv_core.request import NoiseDraws
 
 
 def latents(model, **params) -> torch.Tensor:
@@ -25,9 +25,9 @@ def test_strength_zero_is_the_seed_and_one_is_the_variation_seed(tiny_model):
     assert (near - plain).abs().mean() < (other - plain).abs().mean() / 2  # a variation, not another seed
 
 
-def test_variation_noise_stays_standard_normal():
+def test_varied_noise_stays_standard_normal():
     base = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
-    mixed = variation_noise(base, 5, 0.5)
+    mixed = NoiseDraws(torch.Generator().manual_seed(0), 5, 0.5).randn(200_000)
     assert abs(mixed.std().item() - 1.0) < 0.01 and abs(mixed.mean().item()) < 0.01
     # the correlation with the seed's noise is cos(strength * pi / 2)
     assert abs(torch.corrcoef(torch.stack([base, mixed]))[0, 1].item() - math.cos(math.pi / 4)) < 0.01

@@ -55,6 +55,7 @@ from fv_core import (
     WorkUnitKind,
 )
 from fv_core.kv import KVSeq, PagedKVPool
+from fv_core.request import NoiseDraws
 
 RAGGED_CONTEXT = {"ctx_k": 3, "ctx_v": 3, "ctx_valid": 1}  # padded context inputs: rows differ in length
 BUCKET = 16  # smallest padded context length of a step's inputs (then powers of two: ragged rows batch)
@@ -644,7 +645,8 @@ class ImageLoop(_Base):
         prompt = text_ids(inst, p.prompt)
         _check_positions(net, len(prompt) + 1, f"a prompt of {len(prompt)} tokens")
         dim = net.latent_patch_size**2 * net.latent_channels
-        noise = torch.randn(rows * cols, dim, generator=gen, dtype=torch.float32)
+        draws = NoiseDraws(gen, p.variation_seed, p.variation_strength)
+        noise = draws.randn(rows * cols, dim)
         grid = grid_ids(rows, cols, net.max_latent_size).to(inst.device)
         state.tensors.update(latents=noise.to(inst.device), grid=grid)
         # a context is a sequence of the instance's KV pool and its next RoPE position; contexts that
@@ -663,7 +665,7 @@ class ImageLoop(_Base):
             # alone; image-unconditioned = the instruction alone (BAGEL's interleave_inference)
             state.tensors["edit.pixels"] = pixels.permute(2, 0, 1)[None].to(inst.device)
             c = net.latent_channels
-            state.tensors["edit.noise"] = torch.randn(1, c, 2 * rows, 2 * cols, generator=gen).to(inst.device)
+            state.tensors["edit.noise"] = draws.randn(1, c, 2 * rows, 2 * cols).to(inst.device)
             patches, vit_ids = vit_patches(inst, net, (pixels.numpy() + 1) / 2)
             state.tensors["image0.patches"], state.tensors["image0.ids"] = patches, vit_ids
             pending = [

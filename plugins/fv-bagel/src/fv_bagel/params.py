@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from fv_core import ConfigError, ModelCard, Params, param_meta
+from fv_core.request import VariationParams
 
 MAX_PROMPT = 20_000  # characters; the tokenized context is checked against the model's positions
 
@@ -39,7 +40,7 @@ class TextParams(Params):
         return value
 
 
-class GuidedParams(Params):
+class GuidedParams(VariationParams):
     """The denoise loop's schedule and guidance (``t2i``, ``edit``)."""
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT, description="what the image shows")
@@ -61,6 +62,7 @@ class GuidedParams(Params):
     timestep_shift: float = Field(gt=0.0, le=100.0, description="flow time shift of the schedule")
 
     def check(self, card: ModelCard, loop_id: str) -> None:
+        self.check_variation()
         lo, hi = self.cfg_interval
         if not 0.0 <= lo <= hi <= 1.0:
             raise ConfigError(

@@ -35,7 +35,7 @@ from fv_core import (
     WorkUnitKind,
 )
 from fv_core.extend import BLOCKS_INPUT
-from fv_core.request import ImagePart
+from fv_core.request import ImagePart, NoiseDraws
 from fv_ltx2.model import LTX2Model
 from fv_ltx2.parallel import parallel_denoise_body
 from fv_ltx2.params import LTX2Params
@@ -216,18 +216,16 @@ class LTX2Loop:
 
     def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
         """Packed noise for the video and audio latents (the generator's first draws, as diffusers')."""
-        gen = state.generator
+        draws = noise_draws(state, request)
         vae, audio_vae, transformer = (self._module(state, n) for n in ("vae", "audio_vae", "transformer"))
-        noise = torch.randn((1, vae.config.latent_channels, *grid), generator=gen, dtype=torch.float32)
-        audio = torch.randn(
-            (1, audio_vae.config.latent_channels, audio_frames, state.values["mel"]), generator=gen
-        )
+        noise = draws.randn(1, vae.config.latent_channels, *grid)
+        audio = draws.randn(1, audio_vae.config.latent_channels, audio_frames, state.values["mel"])
         patch, patch_t = transformer.config.patch_size, transformer.config.patch_size_t
         state.tensors.update(
             latents=pack(noise, patch, patch_t), audio_latents=audio.transpose(1, 2).flatten(2, 3)
         )
         if vae.config.timestep_conditioning and not request.carry.get("latents_out"):  # diffusers' next draw
-            state.tensors["decode_noise"] = torch.randn((1, vae.config.latent_channels, *grid), generator=gen)
+            state.tensors["decode_noise"] = draws.randn(1, vae.config.latent_channels, *grid)
 
     def _sizes(self, request) -> tuple[tuple[int, int, int], int]:
         """The latent grid (frames, height, width) and the audio latent length of the request."""
@@ -583,7 +581,7 @@ class LTX2RefineLoop(LTX2Loop):
         return tuple(video.shape[2:]), audio.shape[2]  # type: ignore[return-value]
 
     def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
-        gen, scale = state.generator, request.carry["noise_scale"]
+        draws, scale = noise_draws(state, request), request.carry["noise_scale"]
         vae, audio_vae, transformer = (self._module(state, n) for n in ("vae", "audio_vae", "transformer"))
         video = request.carry["latents"].float()
         shape = (1, -1, 1, 1, 1)
@@ -593,16 +591,22 @@ class LTX2RefineLoop(LTX2Loop):
             transformer.config.patch_size,
             transformer.config.patch_size_t,
         )
-        noise = torch.randn(video.shape, generator=gen, dtype=video.dtype)
+        noise = draws.randn(*video.shape, dtype=video.dtype)
         audio = request.carry["audio_latents"].float().transpose(1, 2).flatten(2, 3)
         audio = (audio - audio_vae.latents_mean.to(audio)) / audio_vae.latents_std.to(audio)
-        audio_noise = torch.randn(audio.shape, generator=gen, dtype=audio.dtype)
+        audio_noise = draws.randn(*audio.shape, dtype=audio.dtype)
         state.tensors.update(
             latents=scale * noise + (1 - scale) * video,
             audio_latents=scale * audio_noise + (1 - scale) * audio,
         )
         if vae.config.timestep_conditioning:
-            state.tensors["decode_noise"] = torch.randn((1, vae.config.latent_channels, *grid), generator=gen)
+            state.tensors["decode_noise"] = draws.randn(1, vae.config.latent_channels, *grid)
+
+
+def noise_draws(state: LoopState, request) -> NoiseDraws:
+    """The request's noise: the seed's generator, turned toward its variation seed's."""
+    p = request.params
+    return NoiseDraws(state.generator, p.variation_seed, p.variation_strength)
 
 
 def upsample_body(upsampler, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fv_core import ConfigError, ModelCard, Params, param_meta
+from fv_core import ConfigError, ModelCard, param_meta
+from fv_core.request import VariationParams
 
 TIME_COMPRESSION, SPACE_COMPRESSION = 8, 32  # LTX-2's video VAE: 8k+1 frames, sizes in multiples of 32
 REGISTERS = 128  # the text connectors' learnable registers: text lengths are multiples of this
 AUDIO_LATENTS_PER_SECOND = 25  # LTX-2's audio VAE: 16 kHz, hop 160, 4x in time
 
 
-class LTX2Params(Params):
+class LTX2Params(VariationParams):
     """One LTX-2 generation (video and its soundtrack); the card supplies every default but ``prompt``."""
 
     prompt: str = Field(min_length=1, max_length=10_000, description="what the video shows and sounds like")
@@ -64,6 +65,7 @@ class LTX2Params(Params):
     max_sequence_length: int = Field(ge=REGISTERS, le=4096, description="prompt tokens (a multiple of 128)")
 
     def check(self, card: ModelCard, loop_id: str) -> None:
+        self.check_variation()
         rules = [
             ("num_frames", (self.num_frames - 1) % TIME_COMPRESSION, "must be 8k+1 (1, 9, ..., 121): the VAE packs 8 frames a latent",
              max(1, (self.num_frames - 1) // TIME_COMPRESSION * TIME_COMPRESSION + 1)),

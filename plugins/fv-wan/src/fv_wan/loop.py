@@ -40,7 +40,7 @@ from fv_core import (
 )
 from fv_core.cache import RepeatedTail, fold_tail
 from fv_core.extend import BLOCKS_INPUT
-from fv_core.request import ImagePart, variation_noise
+from fv_core.request import ImagePart, NoiseDraws
 from fv_wan import conditioning
 from fv_wan.model import WanModel
 from fv_wan.parallel import parallel_denoise_body
@@ -213,9 +213,8 @@ class WanLoop:
             p.height // v.spatial_scale,
             p.width // v.spatial_scale,
         )
-        latents = torch.randn(shape, generator=gen, dtype=torch.float32)  # CPU generator, as diffusers
-        if p.variation_seed is not None and p.variation_strength > 0:
-            latents = variation_noise(latents, p.variation_seed, p.variation_strength)
+        # CPU generator, as diffusers
+        latents = NoiseDraws(gen, p.variation_seed, p.variation_strength).randn(*shape)
         state.tensors["latents"] = latents.to(inst.device)
         if v.conditioning == "first_frame":
             state.tensors["frame_mask"] = conditioning.first_frame_mask(shape, image is not None).to(

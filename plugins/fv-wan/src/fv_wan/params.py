@@ -11,13 +11,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from fv_core import ConfigError, ModelCard, Params, RecipeLoopMismatch, param_meta
-from fv_core.request import MAX_SEED
+from fv_core import ConfigError, ModelCard, RecipeLoopMismatch, param_meta
+from fv_core.request import VariationParams
 
 MAX_GUIDANCE = 30.0
 
 
-class WanParams(Params):
+class WanParams(VariationParams):
     """One Wan generation; the card supplies every default but ``prompt``."""
 
     prompt: str = Field(min_length=1, max_length=10_000, description="what the video shows")
@@ -62,29 +62,9 @@ class WanParams(Params):
     max_sequence_length: int = Field(ge=1, le=512, description="prompt tokens (padded or truncated)")
     cfg_mode: Literal["two_forward", "batched"] = Field(description="CFG as two forwards or one batched")
     fps: int = Field(ge=1, le=240, description="frames per second of the saved video")
-    variation_seed: int | None = Field(
-        None, ge=0, le=MAX_SEED, description="a second seed whose noise variation_strength mixes in"
-    )
-    variation_strength: float = Field(
-        0.0,
-        ge=0.0,
-        le=1.0,
-        description="how far the noise turns toward variation_seed's (0: seed's video; small: variations of it)",
-    )
 
     def check(self, card: ModelCard, loop_id: str) -> None:
-        if self.variation_strength > 0 and self.variation_seed is None:
-            raise ConfigError(
-                f"variation_strength={self.variation_strength} varies the noise toward variation_seed's, "
-                "but variation_seed is not set. Fix: set variation_seed, or variation_strength=0",
-                param="variation_strength",
-            )
-        if self.variation_strength > 0 and self.variation_seed == self.seed:
-            raise ConfigError(
-                f"variation_seed={self.variation_seed} equals seed: mixing a noise with itself only scales "
-                "it. Fix: choose a variation_seed other than seed",
-                param="variation_seed",
-            )
+        self.check_variation()
         frames = self.num_frames
         if (frames - 1) % 4:
             raise ConfigError(
