@@ -292,6 +292,7 @@ def test_a_lora_student_trains_only_adapters_and_folds_them_into_old_and_export(
         ({"max_level": 1.5}, "max_level"),
         ({"rollout_guidance": [0.5]}, "rollout_guidance"),
         ({"train_groups": 3}, "train_groups=3 exceeds"),
+        ({"distinct_prompts": True, "prompts_per_step": 4}, r"prompts_per_step=4 distinct .* 3 prompts.*Fix"),
         ({"reward": {"name": "shapes-detector", "options": {"weights": {"size": 1}}}}, "weights"),
     ],
 )
@@ -424,3 +425,13 @@ def test_group_variation_makes_a_groups_videos_variations_of_one_seed(tmp_path):
     within = [(near[0] - near[1]).norm(), (near[2] - near[3]).norm()]
     across = [(near[i] - near[j]).norm() for i in (0, 1) for j in (2, 3)]
     assert max(within) < min(across)
+
+
+@pytest.mark.parametrize("distinct", [True, False])
+def test_distinct_prompts_draws_a_fresh_subset_each_step(tmp_path, distinct):
+    """As published, a step's groups are distinct prompts; drawn with replacement some repeat."""
+    method = make(
+        tmp_path, steps=1, distinct_prompts=distinct, prompts_per_step=3, group_size=2, rollout_steps=1
+    )
+    draws = [method.rollout(step)["prompts"][::2] for step in range(8)]
+    assert all(len(set(d)) == 3 for d in draws) == distinct

@@ -30,6 +30,9 @@ class NftOptions(StrictModel):
     prompts: list[str] = []  # training prompts (or prompts_file; one of the two)
     prompts_file: Path | None = None  # one prompt per line (blank lines and '#' lines skipped)
     prompts_per_step: int = Field(8, gt=0)  # groups per optimisation step
+    # each step's groups are distinct prompts, a fresh random subset (the published sampler); False:
+    # each group's prompt drawn independently, with replacement (how the shipped NFT card was trained)
+    distinct_prompts: bool = False
     group_size: int = Field(8, ge=2)  # rollouts per prompt (advantages are relative within a group)
     # train on only this many of the step's groups, those whose rewards differ most (the largest
     # within-group std; None: all): groups whose videos all score alike carry no advantage to learn

@@ -99,6 +99,12 @@ class NftMethod:
             raise ConfigError(
                 f"options.prompts_file={str(self.opts.prompts_file)!r} holds no prompts. Fix: one per line"
             )
+        if self.opts.distinct_prompts and self.opts.prompts_per_step > len(self.prompts):
+            raise ConfigError(
+                f"options.prompts_per_step={self.opts.prompts_per_step} distinct prompts a step, but there "
+                f"are {len(self.prompts)} prompts. Fix: at most {len(self.prompts)} groups a step, or "
+                "distinct_prompts: false"
+            )
         eval_prompts = read_prompts(
             self.opts.eval_prompts, self.opts.eval_prompts_file, "options.eval_prompts_file"
         )
@@ -187,7 +193,11 @@ class NftMethod:
     def rollout(self, step: int) -> dict[str, Any]:
         """Step ``step``'s groups from the old policy: prompts, latents, rewards, advantages, r."""
         gen = torch.Generator().manual_seed(self.cfg.seed * SEED_STRIDE + step)
-        picks = torch.randint(len(self.prompts), (self.opts.prompts_per_step,), generator=gen).tolist()
+        count = self.opts.prompts_per_step
+        if self.opts.distinct_prompts:
+            picks = torch.randperm(len(self.prompts), generator=gen)[:count].tolist()
+        else:
+            picks = torch.randint(len(self.prompts), (count,), generator=gen).tolist()
         prompts = [self.prompts[i] for i in picks for _ in range(self.opts.group_size)]
         groups = torch.arange(len(picks)).repeat_interleave(self.opts.group_size)
         scales = self.opts.rollout_guidance
@@ -458,7 +468,8 @@ class NftMethod:
             "rollout": {"steps": o.rollout_steps, "sampler": o.sampler or "card default",
                         "guidance": o.rollout_guidance, "guided_grad": o.guided_grad,
                         "guided_loss_power": o.guided_loss_power,
-                        "prompts_per_step": o.prompts_per_step, "group_size": o.group_size,
+                        "prompts_per_step": o.prompts_per_step, "distinct_prompts": o.distinct_prompts,
+                        "group_size": o.group_size,
                         "train_groups": o.train_groups, "group_variation": o.group_variation,
                         "lora": {"rank": o.lora_rank, "alpha": o.lora_alpha or o.lora_rank, "targets": o.lora_targets}
                         if o.lora_rank else None,
