@@ -16,7 +16,9 @@ PICTURE = ImagePart(np.random.default_rng(1).random((40, 56, 3)).astype(np.float
 def test_strength_zero_is_the_seed_and_one_is_the_variation_seed(bagel, task):
     def image(**params) -> np.ndarray:
         parts = [PICTURE] if task == "edit" else []
-        return bagel.generate(task=task, parts=parts, prompt="a red cat", num_inference_steps=3, **params).image
+        return bagel.generate(
+            task=task, parts=parts, prompt="a red cat", num_inference_steps=3, **params
+        ).image
 
     plain, other = image(seed=3), image(seed=9)
     assert np.array_equal(image(seed=3, variation_seed=9, variation_strength=0.0), plain)
