@@ -1,7 +1,8 @@
 """Variation seeds for any family's loop: a request's noise turned toward a second seed's.
 
-A family's params subclass :class:`VariationParams` (the two fields and their rules), and its loop
-draws every initial noise through :class:`NoiseDraws`: each draw from the seed's generator is mixed
+A family's params subclass :class:`VariationParams` (the two fields; its ``check`` holds their rules,
+so a subclass's ``check`` calls ``super().check``), and its loop draws every initial noise through
+:class:`NoiseDraws`: each draw from the seed's generator is mixed
 with the same draw of the variation seed's generator, so strength 0 is the seed's output and 1 the
 variation seed's, bit for bit, whatever the loop draws (video, audio, decode noise, in order).
 """
@@ -9,6 +10,7 @@ variation seed's, bit for bit, whatever the loop draws (video, audio, decode noi
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
@@ -16,9 +18,12 @@ from pydantic import Field
 from fv_core.errors import ConfigError
 from fv_core.request.params import MAX_SEED, Params
 
+if TYPE_CHECKING:
+    from fv_core.card.spec import ModelCard
+
 
 class VariationParams(Params):
-    """Params of a loop that supports variation seeds (``check_variation`` holds their rules)."""
+    """Params of a loop that supports variation seeds."""
 
     variation_seed: int | None = Field(
         None, ge=0, le=MAX_SEED, description="a second seed whose noise variation_strength mixes in"
@@ -30,7 +35,7 @@ class VariationParams(Params):
         description="how far the noise turns toward variation_seed's (0: seed's output; small: variations of it)",
     )
 
-    def check_variation(self) -> None:
+    def check(self, card: ModelCard, loop_id: str) -> None:
         if self.variation_strength > 0 and self.variation_seed is None:
             raise ConfigError(
                 f"variation_strength={self.variation_strength} varies the noise toward variation_seed's, "
@@ -47,16 +52,16 @@ class VariationParams(Params):
 
 class NoiseDraws:
     """Standard-normal draws from ``generator`` (the request's seeded CPU generator), each turned
-    toward the same draw of ``variation_seed``'s generator: ``cos(s pi/2) n + sin(s pi/2) m``, still
-    exactly standard normal for any strength ``s``. No variation seed or strength 0: the plain draws."""
+    toward the same draw of the generator of ``params.variation_seed``: ``cos(s pi/2) n + sin(s pi/2)
+    m``, still exactly standard normal for any strength ``s``. No variation seed or strength 0: the
+    plain draws."""
 
-    def __init__(self, generator: torch.Generator, variation_seed: int | None = None, strength: float = 0.0):
-        self.generator, self.strength = generator, strength
-        self.variation = (
-            torch.Generator(device="cpu").manual_seed(variation_seed)
-            if variation_seed is not None and strength > 0
-            else None
-        )
+    def __init__(self, generator: torch.Generator, params: VariationParams):
+        self.generator, self.strength = generator, params.variation_strength
+        seed = params.variation_seed
+        self.variation = None
+        if seed is not None and self.strength > 0:
+            self.variation = torch.Generator(device="cpu").manual_seed(seed)
 
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         noise = torch.randn(shape, generator=self.generator, dtype=dtype)

@@ -9,7 +9,7 @@ import torch
 from wan_support import request, run
 
 from fv_core import ConfigError
-from fv_core.request import NoiseDraws
+from fv_core.request import NoiseDraws, VariationParams
 
 
 def latents(model, **params) -> torch.Tensor:
@@ -27,7 +27,8 @@ def test_strength_zero_is_the_seed_and_one_is_the_variation_seed(tiny_model):
 
 def test_varied_noise_stays_standard_normal():
     base = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
-    mixed = NoiseDraws(torch.Generator().manual_seed(0), 5, 0.5).randn(200_000)
+    params = VariationParams(variation_seed=5, variation_strength=0.5)
+    mixed = NoiseDraws(torch.Generator().manual_seed(0), params).randn(200_000)
     assert abs(mixed.std().item() - 1.0) < 0.01 and abs(mixed.mean().item()) < 0.01
     # the correlation with the seed's noise is cos(strength * pi / 2)
     assert abs(torch.corrcoef(torch.stack([base, mixed]))[0, 1].item() - math.cos(math.pi / 4)) < 0.01

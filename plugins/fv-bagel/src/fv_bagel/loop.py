@@ -645,7 +645,7 @@ class ImageLoop(_Base):
         prompt = text_ids(inst, p.prompt)
         _check_positions(net, len(prompt) + 1, f"a prompt of {len(prompt)} tokens")
         dim = net.latent_patch_size**2 * net.latent_channels
-        draws = NoiseDraws(gen, p.variation_seed, p.variation_strength)
+        draws = NoiseDraws(gen, p)
         noise = draws.randn(rows * cols, dim)
         grid = grid_ids(rows, cols, net.max_latent_size).to(inst.device)
         state.tensors.update(latents=noise.to(inst.device), grid=grid)

@@ -62,7 +62,7 @@ class GuidedParams(VariationParams):
     timestep_shift: float = Field(gt=0.0, le=100.0, description="flow time shift of the schedule")
 
     def check(self, card: ModelCard, loop_id: str) -> None:
-        self.check_variation()
+        super().check(card, loop_id)
         lo, hi = self.cfg_interval
         if not 0.0 <= lo <= hi <= 1.0:
             raise ConfigError(

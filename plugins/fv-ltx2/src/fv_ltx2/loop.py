@@ -216,7 +216,7 @@ class LTX2Loop:
 
     def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
         """Packed noise for the video and audio latents (the generator's first draws, as diffusers')."""
-        draws = noise_draws(state, request)
+        draws = NoiseDraws(state.generator, request.params)
         vae, audio_vae, transformer = (self._module(state, n) for n in ("vae", "audio_vae", "transformer"))
         noise = draws.randn(1, vae.config.latent_channels, *grid)
         audio = draws.randn(1, audio_vae.config.latent_channels, audio_frames, state.values["mel"])
@@ -581,7 +581,7 @@ class LTX2RefineLoop(LTX2Loop):
         return tuple(video.shape[2:]), audio.shape[2]  # type: ignore[return-value]
 
     def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
-        draws, scale = noise_draws(state, request), request.carry["noise_scale"]
+        draws, scale = NoiseDraws(state.generator, request.params), request.carry["noise_scale"]
         vae, audio_vae, transformer = (self._module(state, n) for n in ("vae", "audio_vae", "transformer"))
         video = request.carry["latents"].float()
         shape = (1, -1, 1, 1, 1)
@@ -601,12 +601,6 @@ class LTX2RefineLoop(LTX2Loop):
         )
         if vae.config.timestep_conditioning:
             state.tensors["decode_noise"] = draws.randn(1, vae.config.latent_channels, *grid)
-
-
-def noise_draws(state: LoopState, request) -> NoiseDraws:
-    """The request's noise: the seed's generator, turned toward its variation seed's."""
-    p = request.params
-    return NoiseDraws(state.generator, p.variation_seed, p.variation_strength)
 
 
 def upsample_body(upsampler, inputs: dict[str, Any]) -> dict[str, Any]:

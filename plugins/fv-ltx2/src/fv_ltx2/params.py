@@ -65,7 +65,7 @@ class LTX2Params(VariationParams):
     max_sequence_length: int = Field(ge=REGISTERS, le=4096, description="prompt tokens (a multiple of 128)")
 
     def check(self, card: ModelCard, loop_id: str) -> None:
-        self.check_variation()
+        super().check(card, loop_id)
         rules = [
             ("num_frames", (self.num_frames - 1) % TIME_COMPRESSION, "must be 8k+1 (1, 9, ..., 121): the VAE packs 8 frames a latent",
              max(1, (self.num_frames - 1) // TIME_COMPRESSION * TIME_COMPRESSION + 1)),

@@ -213,8 +213,7 @@ class WanLoop:
             p.height // v.spatial_scale,
             p.width // v.spatial_scale,
         )
-        # CPU generator, as diffusers
-        latents = NoiseDraws(gen, p.variation_seed, p.variation_strength).randn(*shape)
+        latents = NoiseDraws(gen, p).randn(*shape)  # CPU generator, as diffusers
         state.tensors["latents"] = latents.to(inst.device)
         if v.conditioning == "first_frame":
             state.tensors["frame_mask"] = conditioning.first_frame_mask(shape, image is not None).to(

@@ -64,7 +64,7 @@ class WanParams(VariationParams):
     fps: int = Field(ge=1, le=240, description="frames per second of the saved video")
 
     def check(self, card: ModelCard, loop_id: str) -> None:
-        self.check_variation()
+        super().check(card, loop_id)
         frames = self.num_frames
         if (frames - 1) % 4:
             raise ConfigError(
