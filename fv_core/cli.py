@@ -126,7 +126,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     if args.attention:
         deploy = with_kernels(host, deploy, name, weights, {"attention": args.attention})
-    model = load(name, weights, deploy=deploy, host=host, parallel=args.parallel)
+    model = load(name, weights, deploy=deploy, device=args.device, host=host, parallel=args.parallel)
     try:
         return _generate(args, model, raw, task, options)
     finally:
@@ -267,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the card is built from the folder's configs",
     )
     gen.add_argument("--task", help="the card's task, e.g. t2v or t2i (default: the card's first)")
+    gen.add_argument(
+        "--device", default="cpu", help="torch device the model runs on, e.g. cuda (default: cpu)"
+    )
     gen.add_argument("--deploy", metavar="FILE", help="run the model as this deploy file's entry for it")
     gen.add_argument("--replay", metavar="JSON", help="re-run the request recorded in a provenance file")
     gen.add_argument("--size", type=parse_size, help="WIDTHxHEIGHT (sets --width and --height)")

@@ -18,6 +18,7 @@ from fv_core.card.assemble import complete_card
 from fv_core.card.spec import ModelCard
 from fv_core.deploy.card import DeploymentCard, ModelDeploy, load_deploy
 from fv_core.deploy.check import check_deploy, deploy_plugin_options
+from fv_core.devices import check_device
 from fv_core.errors import ConfigError
 from fv_core.kernels_select import select_kernel
 from fv_core.model import LoadedModel, OptionsPolicy, unknown_model
@@ -47,10 +48,12 @@ def load(
         A folder alone (``model=None``) builds the card from its own configs.
     :param deploy: a deploy file or object whose entry for ``model`` sets kernels, interceptors,
         plugin options and limits.
+    :param device: torch device the model runs on; checked against the machine first (ConfigError).
     :param host: loaded plugins (default: every installed plugin under the loading policy).
     :param parallel: a parallel plan (``"sp=2,cfg=2"``; default: the deploy entry's): validated against
         the card and the machine, then its worker processes start (``LoadedModel.close`` stops them).
     """
+    check_device(device)
     host = host if host is not None else load_plugins()
     plan = deploy if isinstance(deploy, DeploymentCard) or deploy is None else load_deploy(deploy)
     if plan is not None:

@@ -37,3 +37,25 @@ def test_gpu_script_smoke_runs_every_variant(tmp_path):
     assert sta["compile_sweep"]["lengths"] == 2 and sta["compile_sweep"]["compiles"] == 1
     assert all(0 < row[k]["fraction_of_limit"] for row in sta["rows"] for k in ("gather", "flex"))
     assert (tmp_path / "sta_attention_smoke.png").stat().st_size > 0
+
+
+def test_nft_published_script_smoke_trains_a_segment_and_judges_it(tmp_path):
+    out = tmp_path / "nft_published_smoke.json"
+    args = ["--smoke", "--out", str(out), "--run-dir", str(tmp_path / "run")]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench/gpu/nft_published.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and [s["step"] for s in report["segments"]] == [1]
+    segment = report["segments"][0]
+    assert segment["g1"]["all"]["n"] == segment["g4"]["all"]["n"] == 8 == report["parent"]["g1"]["all"]["n"]
+    assert set(segment["targets"]) == {
+        "held_out_shape_g1>=0.95", "shape_g4>=0.90", "spread>=0.8x", "colour_kept", "direction_kept"
+    }  # fmt: skip
+    assert (
+        tmp_path / "run" / "checkpoint-1" / "student_lora.safetensors"
+    ).is_file()  # a resumable checkpoint

@@ -11,6 +11,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("config", help="YAML config (see configs/)")
     p.add_argument("--steps", type=int, help="override the config's steps")
     p.add_argument("--output-dir", help="override the config's output_dir")
+    p.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--describe", action="store_true", help="print the method's roles and consistency level, then exit"
@@ -23,16 +24,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     from fv_core.plugins import load_plugins
-    from fv_core.training.config import load_config
+    from fv_core.training.config import check_train_device, load_config
     from fv_core.training.trainer import train
 
-    overrides = {k: v for k, v in {"steps": args.steps, "output_dir": args.output_dir}.items() if v}
+    given = {"steps": args.steps, "output_dir": args.output_dir, "device": args.device}
+    overrides = {k: v for k, v in given.items() if v}
     cfg = load_config(args.config, overrides)
     torch.set_num_threads(cfg.threads)
     factory = load_plugins().registries.methods.get(cfg.method)
     if args.describe:
         print(json.dumps({"method": cfg.method, **factory.spec.describe()}, indent=2))
         return 0
+    check_train_device(cfg, factory.spec)  # before the method builds anything on it
     summary = train(cfg, factory(cfg), progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
     return 0

@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fv_core.devices import check_device
 from fv_core.errors import ConfigError, explain
-from fv_core.training.method import Role
+from fv_core.training.method import MethodSpec, Role
 
 Options = TypeVar("Options", bound=BaseModel)
 
@@ -63,6 +65,7 @@ class TrainConfig(StrictModel):
     steps: int = Field(gt=0)
     batch_size: int = Field(8, gt=0)
     threads: int = Field(1, gt=0)  # torch intra-op threads; 1 avoids oversubscription on shared CPUs
+    device: str = "cpu"  # torch device the method trains on (cpu, cuda, cuda:1); see check_train_device
     log_every: int = Field(10, gt=0)
     eval_every: int = Field(200, gt=0)
     checkpoint_every: int = Field(200, gt=0)
@@ -87,6 +90,18 @@ def validate(raw: dict[str, Any], source: str = "config") -> TrainConfig:
         return TrainConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(explain(exc, f"invalid {source}", TrainConfig.model_fields)) from None
+
+
+def check_train_device(cfg: TrainConfig, spec: MethodSpec) -> torch.device:
+    """``cfg.device`` as a torch device, or a ConfigError: a device this machine lacks, or one whose
+    type the method does not train on (``spec.devices``)."""
+    device = check_device(cfg.device)
+    if device.type not in spec.devices:
+        raise ConfigError(
+            f"device={cfg.device!r}: method {cfg.method!r} trains on {' or '.join(spec.devices)} only. "
+            f"Fix: device: {spec.devices[0]}"
+        )
+    return device
 
 
 def validate_options(schema: type[Options], options: dict[str, Any], method: str) -> Options:

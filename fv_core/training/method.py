@@ -47,6 +47,7 @@ class MethodSpec:
     roles: tuple[RoleSpec, ...]
     consistency: Consistency
     record_fields: tuple[str, ...] = ()  # BehaviorRecord fields read from rollouts ("" if none)
+    devices: tuple[str, ...] = ("cpu",)  # torch device types the method trains on (TrainConfig.device)
 
     def role(self, role: Role) -> RoleSpec:
         return next(r for r in self.roles if r.role is role)
@@ -57,6 +58,7 @@ class MethodSpec:
             "consistency": self.consistency.value,
             "roles": {r.role.value: {"holds": list(r.holds), "trains": list(r.trains)} for r in self.roles},
             "record_fields": list(self.record_fields),
+            "devices": list(self.devices),
         }
 
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from fv_core.errors import ConfigError
-from fv_core.training.config import OptimConfig, TrainConfig
+from fv_core.training.config import OptimConfig, TrainConfig, check_train_device
 from fv_core.training.method import TrainMethod
 
 
@@ -29,6 +29,7 @@ def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[
     """Run ``cfg.steps`` steps (resuming if a checkpoint exists); returns a summary.
 
     Logged ``time_s`` and the summary's ``wall_s`` are cumulative over resumed segments."""
+    check_train_device(cfg, method.spec)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.sync is not None:

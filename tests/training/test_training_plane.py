@@ -209,3 +209,20 @@ def test_export_of_a_student_sharing_its_parents_files_is_self_contained(tmp_pat
     latents, sigma = adapter.noise(1, torch.Generator().manual_seed(0)), torch.tensor([0.5])
     expected = adapter.velocity(adapter.module("transformer"), latents, sigma, embeds)
     assert torch.equal(copy.velocity(copy.module("transformer"), latents, sigma, embeds), expected)
+
+
+def test_train_refuses_a_device_the_machine_or_the_method_lacks(tmp_path):
+    method = NoisyRegression(None)  # its spec trains on the default devices: cpu only
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = f"cuda:{gpus}"  # past the last GPU (the only GPU asked for on a machine without one)
+    with pytest.raises(ConfigError, match=rf"device='{missing}'.*Fix:"):
+        train(validate({**_cfg(tmp_path / "a", 1), "device": missing}), method, progress=False)
+    with pytest.raises(
+        ConfigError, match=r"device='meta': method 'toy' trains on cpu only.*Fix: device: cpu"
+    ):
+        train(validate({**_cfg(tmp_path / "b", 1), "device": "meta"}), method, progress=False)
+    with pytest.raises(ConfigError, match=r"device='gpu0' is not a torch device.*Fix: cpu, cuda"):
+        train(validate({**_cfg(tmp_path / "c", 1), "device": "gpu0"}), method, progress=False)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+    summary = train(validate({**_cfg(tmp_path / "d", 1), "device": "cpu"}), method, progress=False)
+    assert summary["spec"]["devices"] == ["cpu"]

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from test_wan_contract import euler_folder
 
 import fv_core
@@ -128,6 +129,19 @@ def test_cli_generates_from_a_folder_and_replays(euler_path, tmp_path, monkeypat
     assert main(["generate", "--model", TINY, "--prompt", "a cat", "--frames", "6"]) == 2  # 4k+1
     assert main(["generate", "--model", TINY, "--prompt", "a cat", "--audio-out", "a.wav"]) == 2  # no sound
     assert main(["generate", "--model", TINY, "--prompt", "a cat", "-o", str(tmp_path / "x.wav")]) == 2
+
+
+def test_cli_refuses_a_device_this_machine_lacks(tmp_path, monkeypatch, wan_host, capsys):
+    monkeypatch.setattr("fv_core.cli.load_plugins", lambda: wan_host)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for device, says in (("gpu0", "is not a torch device"), (f"cuda:{gpus}", "Fix:")):
+        out = tmp_path / f"{gpus}.mp4"
+        assert (
+            main(["generate", "--model", TINY, "--prompt", "a cat", "--device", device, "-o", str(out)]) == 2
+        )
+        err = capsys.readouterr().err
+        assert f"device={device!r}" in err and says in err
+        assert not out.exists()
 
 
 def test_cards_json_prints_each_task_schema_with_the_cards_defaults(monkeypatch, wan_host, capsys):

@@ -10,6 +10,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("eval", help="C4 quality of a shapes model: detector accuracy per attribute")
     p.add_argument("--model", default="wan2.1-t2v-shapes", help="card id (see `fv cards`)")
     p.add_argument("--weights", help="checkpoint folder (default: the card's embedded weights)")
+    p.add_argument("--device", default="cpu", help="torch device the model runs on (default: cpu)")
     p.add_argument("--prompts", type=int, default=128, help="prompts per setting (fixed set)")
     p.add_argument("--steps", default="4,8,30", help="comma-separated step counts")
     p.add_argument("--guidance", default="1,4", help="comma-separated guidance scales")
@@ -25,7 +26,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from fv_train_flow.eval import evaluate_grid, load
 
-    model = load(args.model, args.weights)
+    model = load(args.model, args.weights, args.device)
     report = evaluate_grid(
         model,
         args.prompts,

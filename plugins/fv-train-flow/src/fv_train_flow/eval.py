@@ -61,7 +61,7 @@ def generate_videos(
     with torch.inference_mode():
         results = Engine(max_batch_rows=64).run_batched(items)
     seconds = (time.perf_counter() - start) / len(pairs)
-    return [r.outputs["frames"] for r in results], seconds
+    return [r.outputs["frames"].cpu() for r in results], seconds
 
 
 def score(
@@ -197,11 +197,11 @@ def evaluate_folder(
     return evaluate_model(model, prompts, steps, guidance, sampler, None, max_sequence_length)
 
 
-def load(card: str | None, weights: Path | str | None) -> Any:
-    """``card`` on ``weights``; with no card, the card built from the folder's own configs."""
+def load(card: str | None, weights: Path | str | None, device: str = "cpu") -> Any:
+    """``card`` on ``weights`` on ``device``; with no card, the card built from the folder's own configs."""
     import fv_core
 
-    return fv_core.load(card, weights)
+    return fv_core.load(card, weights, device=device)
 
 
 def save_strip(

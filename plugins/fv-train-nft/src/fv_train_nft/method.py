@@ -56,6 +56,7 @@ from fv_core.training import (
     Role,
     RoleSpec,
     TrainConfig,
+    check_train_device,
     load_optimizer,
     load_reward,
     make_optimizer,
@@ -90,6 +91,7 @@ class NftMethod:
         # (checked to be the old policy's); the samples are the rollouts' clean latents - no per-step
         # predictions or log-probabilities
         record_fields=("seed", "weights_versions"),
+        devices=("cpu", "cuda"),
     )
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -113,7 +115,8 @@ class NftMethod:
         self.reward = load_reward(self.opts.reward.name, **self.opts.reward.options)
         self.eval_rewards = {k: load_reward(s.name, **s.options) for k, s in self.opts.eval_rewards.items()}
         # the rollout model: its live transformer is the OLD role
-        self.model = fv_core.load(self.opts.card, self.opts.init_weights)
+        self.device = check_train_device(cfg, self.spec)
+        self.model = fv_core.load(self.opts.card, self.opts.init_weights, device=cfg.device)
         extra = (
             {"max_sequence_length": self.opts.max_sequence_length} if self.opts.max_sequence_length else {}
         )
@@ -186,7 +189,7 @@ class NftMethod:
         latents = torch.cat(
             [r.outputs["latents"].reshape(1, *r.outputs["latents"].shape[-4:]) for r in results]
         )
-        frames = torch.stack([r.outputs["frames"] for r in results])
+        frames = torch.stack([r.outputs["frames"].cpu() for r in results])  # the rewards read them here
         self.versions = [r.metrics.get("weights_versions", {}).get("transformer") for r in results]
         return latents.clone(), frames.clone()
 
@@ -283,8 +286,9 @@ class NftMethod:
         """Backward of the NFT loss over every (sample, level) pair: minibatches of ``batch_size``
         pairs, each sample on ``levels`` distinct levels of the rollout schedule. With
         ``shared_noise`` a group's members are noised at the same levels with the same eps."""
-        x0_all, r_all, prompts = batch["latents"], batch["r"], batch["prompts"]
-        g_all = batch.get("guidance", torch.ones(len(prompts)))
+        x0_all, prompts = batch["latents"], batch["prompts"]
+        r_all = batch["r"].to(self.device)
+        g_all = batch.get("guidance", torch.ones(len(prompts))).to(self.device)
         n = len(prompts)
         with torch.no_grad():
             embeds_all = self.adapter.conditioning(prompts)  # frozen text encoder, as served
@@ -297,7 +301,7 @@ class NftMethod:
             [torch.randperm(len(self.sigmas), generator=gen)[: self.levels] for _ in range(len(draw_of))]
         )[[draw_of[int(d)] for d in draws]]
         shared = (
-            torch.randn(len(draw_of), self.levels, *x0_all.shape[1:], generator=gen)
+            torch.randn(len(draw_of), self.levels, *x0_all.shape[1:], generator=gen).to(self.device)
             if self.opts.shared_noise
             else None
         )
@@ -308,11 +312,11 @@ class NftMethod:
         chunks = [pairs[k : k + size] for k in range(0, len(pairs), size)]
         totals = {"loss": 0.0, "loss_policy": 0.0, "loss_kl": 0.0, "loss_positive": 0.0, "loss_negative": 0.0}
         for chunk in chunks:
-            idx = torch.tensor([i for i, _ in chunk])
-            t = self.sigmas[torch.stack([levels[i, j] for i, j in chunk])]
+            idx = torch.tensor([i for i, _ in chunk], device=self.device)
+            t = self.sigmas[torch.stack([levels[i, j] for i, j in chunk])].to(self.device)
             x0 = x0_all[idx]
             if shared is None:
-                noise = torch.randn(x0.shape, generator=gen)
+                noise = torch.randn(x0.shape, generator=gen).to(self.device)
             else:
                 noise = torch.stack([shared[draw_of[int(draws[i])], j] for i, j in chunk])
             x_t = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * noise
@@ -366,7 +370,7 @@ class NftMethod:
         guided = [] if guidance is None else (guidance > 1).nonzero().flatten().tolist()
         if not guided:
             return self.adapter.velocity(transformer, x_t, t, embeds, train)
-        rows = torch.tensor(guided)
+        rows = torch.tensor(guided, device=x_t.device)
         assert self.negative is not None, "accumulate encodes the negative prompt first"
         negative = self.negative.to(embeds.dtype).expand(len(guided), *embeds.shape[1:])
         v_all = self.adapter.velocity(
@@ -409,7 +413,7 @@ class NftMethod:
         metrics: dict[str, float] = {}
         with tempfile.TemporaryDirectory() as tmp:
             self.export(Path(tmp))
-            model = fv_core.load(self.opts.card, tmp)
+            model = fv_core.load(self.opts.card, tmp, device=self.cfg.device)
             try:
                 for g in self.opts.eval_guidance:
                     _, frames = self.generate(model, prompts, seeds, self.opts.eval_steps, g)
