@@ -8,8 +8,10 @@ from typing import Any
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from fv_core.devices import check_device
     from fv_core.errors import ConfigError
 
+    check_device(args.device, "--device")  # before any process or model starts
     if args.ray and args.parallel:
         raise ConfigError(
             "--parallel with --ray: put `parallel:` on the deploy entry instead (each replica reads it)."

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from fv_core.serving.cli import add_serve_parser, cmd_serve
 
 
@@ -21,3 +23,15 @@ def test_serve_parser_defaults_and_options(monkeypatch):
     )
     args = parser.parse_args(["serve", "d.yaml", "--host", "0.0.0.0", "--port", "9001", "--api-key", "k"])
     assert (args.host, args.port, args.api_key) == ("0.0.0.0", 9001, "k")
+
+
+def test_serve_refuses_a_device_this_machine_lacks_before_starting(tmp_path, capsys):
+    from fv_core.cli import main
+
+    deploy = tmp_path / "d.yaml"
+    deploy.write_text("plugins: [fv-wan]\nmodels:\n  - card: wan2.1-t2v-shapes\n")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for device in ("gpu0", f"cuda:{gpus}"):
+        assert main(["serve", str(deploy), "--device", device, "--port", "1"]) == 2
+        err = capsys.readouterr().err
+        assert f"--device={device!r}" in err and "Fix:" in err
