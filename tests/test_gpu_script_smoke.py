@@ -56,6 +56,7 @@ def test_nft_published_script_smoke_trains_a_segment_and_judges_it(tmp_path):
     assert set(segment["targets"]) == {
         "held_out_shape_g1>=0.95", "shape_g4>=0.90", "spread>=0.8x", "colour_kept", "direction_kept"
     }  # fmt: skip
-    assert (
-        tmp_path / "run" / "checkpoint-1" / "student_lora.safetensors"
-    ).is_file()  # a resumable checkpoint
+    checkpoint = tmp_path / "run" / "checkpoint-1"  # resumable: the adapters, the old policy, the optimiser
+    assert all(
+        (checkpoint / f).exists() for f in ("student_lora.safetensors", "old", "optimizer.safetensors")
+    )
