@@ -166,6 +166,19 @@ def resolve_kernels(
     """The card's kernels (``requested`` variants overriding, e.g. a deploy's) selected for ``device``;
     a kernel gets its plugin's validated options."""
     chosen = {**card.kernels, **(requested or {})}
+    for op, variant in chosen.items():
+        if not card.accepts_kernel(op, variant):
+            accepted = card.accepts_kernels.get(op)
+            raise ConfigError(
+                f"kernel {op}={variant!r} is not one {card.model_id!r} runs: its model code accepts "
+                + (
+                    f"{op} variants {accepted}"
+                    if accepted
+                    else f"no {op!r} kernel (ops: {sorted(card.accepts_kernels)})"
+                )
+                + f". Fix: select one of those for {op!r}"
+                + (" (or drop the choice)." if accepted else " (drop the choice).")
+            )
     return {
         op: select_kernel(host.registries, op, variant, device, options=plugin_options)
         for op, variant in chosen.items()

@@ -162,12 +162,19 @@ class ModelCard(Spec):
     parallelism: ParallelismContract = Field(default_factory=ParallelismContract)
     precision: PrecisionContract = Field(default_factory=PrecisionContract)
     kernels: dict[str, str] = Field(default_factory=dict)  # op -> selected variant (filled at assembly)
+    # op -> the kernel variants its model code runs ("*": any registered one); ``fv_core.load`` refuses others
+    accepts_kernels: dict[str, list[str]] = Field(default_factory=lambda: {"attention": ["sdpa"]})
     default_weights: str | None = None  # "module:attr" that materializes embedded weights, returns a path
     instance_factory: str | None = (
         None  # "module:attr" called (card, weights, device[, kernels=]) -> instance
     )
     pipeline: str | None = None  # model_index.json ``_class_name`` of the weights this card runs
     parent: str | None = None  # card this one was derived from (a CardVariant), if any
+
+    def accepts_kernel(self, op: str, variant: str) -> bool:
+        """Whether this card's model code runs ``variant`` for ``op``."""
+        accepted = self.accepts_kernels.get(op, [])
+        return "*" in accepted or variant in accepted
 
     @property
     def tasks(self) -> list[str]:

@@ -30,7 +30,19 @@ def validate_card(card: ModelCard) -> ModelCard:
     _check_components(card)
     _check_caches(card)
     _check_contracts(card)
+    _check_kernels(card)
     return card
+
+
+def _check_kernels(card: ModelCard) -> None:
+    for op, variant in card.kernels.items():
+        if not card.accepts_kernel(op, variant):
+            _fail(
+                card,
+                f"kernels.{op}",
+                f"selects {variant!r}, which its model code does not run (accepts_kernels: {card.accepts_kernels})",
+                f"select one of {card.accepts_kernels.get(op, [])} or add {variant!r} to accepts_kernels.{op}",
+            )
 
 
 def _fail(card: ModelCard, field: str, problem: str, fix: str) -> None:

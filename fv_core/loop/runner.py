@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fv_core.errors import NonFiniteOutput
+from fv_core.errors import ConfigError, NonFiniteOutput
 from fv_core.loop.context import LoopContext, grad_mode
 from fv_core.loop.contracts import (
     Done,
@@ -31,6 +31,7 @@ from fv_core.loop.contracts import (
     WorkPlan,
 )
 from fv_core.loop.seam import attach_block_hook, attach_kv_policy, commit_block_hook, negotiate
+from fv_core.registry import resolve_lazy
 
 
 @dataclass(slots=True)
@@ -60,6 +61,21 @@ def check_finite(request_id: str, outputs: dict[str, Any]) -> None:
                 "Fix: check the scheduler config and precision (float32 avoids most overflows), or lower "
                 "the guidance scale."
             )
+
+
+def check_params(request: Any, card: Any) -> None:
+    """A request to a card's task carries that task's typed Params (``LoadedModel.prepare`` builds them).
+    The scheduler checks it once, at intake (a program's stages may bind other Params), so no loop does."""
+    programs = getattr(card, "programs", {})
+    if getattr(request, "task", None) not in programs:
+        return  # a card-less loop (tests, benches) takes what it is given
+    expected = resolve_lazy(card.params_of(request.task))
+    if not isinstance(request.params, expected):
+        raise ConfigError(
+            f"request {request.request_id!r} to task {request.task!r} of {card.model_id!r} carries "
+            f"{type(request.params).__name__} params, not {expected.__name__}. "
+            "Fix: build requests with LoadedModel.prepare (fv_core.load(...).prepare(...))."
+        )
 
 
 def run_plan(plan: WorkPlan, profile: Profile) -> StepResult:

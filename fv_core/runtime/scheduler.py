@@ -41,7 +41,7 @@ from typing import Any
 from fv_core.errors import Cancelled, ConfigError, QueueFull
 from fv_core.loop.context import LoopContext
 from fv_core.loop.contracts import Done, Loop, LoopResult, LoopState, StepResult, StreamEvent, WorkPlan
-from fv_core.loop.runner import ActiveLoop, LoopRunner, run_plan
+from fv_core.loop.runner import ActiveLoop, LoopRunner, check_params, run_plan
 from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Estimate, Reservation
 from fv_core.runtime.batching import run_batch
@@ -155,6 +155,8 @@ class Scheduler:
         """Queue a request; raises QueueFull, AdmissionInfeasible, or ConfigError for a duplicate id."""
         if request.request_id in self.entries:
             raise ConfigError(f"request_id {request.request_id!r} is already in flight; use a unique id")
+        if state is None:
+            check_params(request, getattr(instance, "card", None))
         if self.n_waiting >= self.admission.budget.max_waiting:
             self._admit()  # places freed since the last tick first go to those already waiting
         if self.n_waiting >= self.admission.budget.max_waiting:

@@ -55,7 +55,7 @@ class BagelModel(SyncableComponents):
         self.device = torch.device(device)
         self.dtype = getattr(torch, card.precision.default)
         self.exact = exact
-        self.kernels = _check_kernels(card, kernels)
+        self.kernels = dict(kernels or {})  # attention sdpa only: the card's accepts_kernels
         self.instance_id = f"{card.model_id}#{next(_IDS)}"  # batch keys: plans on these weights
         self.weights_versions = {"net": file_fingerprint(self.weights / "ema.safetensors")}
         if (self.weights / "ae.safetensors").is_file():
@@ -130,17 +130,6 @@ class BagelModel(SyncableComponents):
         running request still pins included), plus the KV pool at its budget (allocated whole on first
         use; its pages are admitted per request, see the loops' ``kv_need``)."""
         return self.weights_bytes() + (self.card.caches["kv"].max_bytes or DEFAULT_KV_BYTES)
-
-
-def _check_kernels(card: ModelCard, kernels: dict[str, Any] | None) -> dict[str, Any]:
-    """BAGEL runs its own attention (SDPA, or the row-invariant sums): other kernels are refused."""
-    for op, (_, record) in (kernels or {}).items():
-        if op != "attention" or record.get("variant") != "sdpa":
-            raise ConfigError(
-                f"{card.model_id!r} runs its own SDPA attention; kernel {op}={record.get('variant')!r} is not "
-                "wired into BAGEL's MoT yet. Fix: drop the kernel choice (use attention=sdpa)."
-            )
-    return dict(kernels or {})
 
 
 def exact_model(

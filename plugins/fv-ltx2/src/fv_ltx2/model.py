@@ -41,12 +41,6 @@ class LTX2Model(SyncableComponents):
         device: str | torch.device = "cpu",
         kernels: dict[str, tuple[Any, dict[str, Any]]] | None = None,
     ):
-        variant = (kernels or {}).get("attention", (None, {"variant": "sdpa"}))[1]["variant"]
-        if variant != "sdpa":
-            raise ConfigError(
-                f"LTX-2 runs diffusers' own attention; the attention kernel {variant!r} is not wired into its "
-                "transformer. Fix: select attention 'sdpa' for LTX-2 models."
-            )
         self.card = card
         self.weights = Path(weights)
         refuse_pickles(self.weights)

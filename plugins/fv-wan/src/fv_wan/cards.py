@@ -196,6 +196,7 @@ def wan_card(
         loops=loops,
         recipe=recipe,
         pipeline=pipeline,
+        accepts_kernels={"attention": ["*"]},  # blocks run through fv's attention seam: any kernel
         parity=ParitySpec(
             level="C1",
             reference=f"diffusers:{pipeline}",

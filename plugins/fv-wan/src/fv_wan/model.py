@@ -46,7 +46,12 @@ class WanModel(SyncableComponents):
         kernels: dict[str, tuple[Any, dict[str, Any]]] | None = None,
     ):
         self.card = card
-        self.kernels = _check_kernels(card, kernels)  # op -> (impl, selection record); None: diffusers' SDPA
+        if kernels is None and card.kernels.get("attention", "sdpa") != "sdpa":
+            raise ConfigError(
+                f"card {card.model_id!r} selects attention {card.kernels['attention']!r}, but no kernels were "
+                "resolved. Fix: load it with fv_core.load(...), which resolves the card's kernels."
+            )
+        self.kernels = kernels  # op -> (impl, selection record) as load selected them; None: diffusers' SDPA
         self.weights = check_layout(weights)
         self.variant = WanVariant.of(self.weights)
         self.device = torch.device(device)
@@ -156,23 +161,3 @@ def _cache(contract: CacheContract, **codec: Any) -> FeatureCache:
 def _reserve(cache: FeatureCache) -> int:
     """A cache's share of resident bytes: its budget, or what it holds when it has none."""
     return cache.nbytes if cache.max_bytes is None else cache.max_bytes
-
-
-def _check_kernels(
-    card: ModelCard, kernels: dict[str, tuple[Any, dict[str, Any]]] | None
-) -> dict[str, tuple[Any, dict[str, Any]]] | None:
-    """Wan runs an attention kernel only; without resolved kernels the card must ask for plain SDPA."""
-    if kernels is None:
-        variant = card.kernels.get("attention", "sdpa")
-        if variant != "sdpa":
-            raise ConfigError(
-                f"card {card.model_id!r} selects attention {variant!r}, but no kernels were resolved. "
-                "Fix: load it with fv_core.load(...), which resolves the card's kernels."
-            )
-        return None
-    if set(kernels) != {"attention"}:
-        raise ConfigError(
-            f"Wan runs an 'attention' kernel only; got kernels for {sorted(kernels)}. "
-            "Fix: select only 'attention' for Wan cards."
-        )
-    return dict(kernels)
