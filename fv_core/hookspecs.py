@@ -30,16 +30,6 @@ def fv_register_cards(register: Register) -> None:
 
 
 @hookspec
-def fv_register_components(register: Register) -> None:
-    """Contribute component implementations.
-
-    :param register: call ``register((kind, device, variant), impl)`` where
-        ``impl`` is a class, factory or lazy ``"module:attr"`` string; ``device``
-        is ``"cpu"``, ``"cuda"`` or ``"any"``.
-    """
-
-
-@hookspec
 def fv_register_kernels(register: Register) -> None:
     """Contribute kernels for an op.
 
@@ -48,15 +38,6 @@ def fv_register_kernels(register: Register) -> None:
         ``arch`` is a GPU architecture (``"sm90"``) or ``"any"``. ``impl`` must take
         the op's call signature (``fv_core.kernels.SIGNATURES``), checked when it
         registers (a lazy string: when it is first imported).
-    """
-
-
-@hookspec
-def fv_register_loops(register: Register) -> None:
-    """Contribute loop implementations that cards can name.
-
-    :param register: call ``register(loop_id, factory)`` where ``factory`` is a
-        callable or lazy ``"module:attr"`` string returning a ``Loop``.
     """
 
 

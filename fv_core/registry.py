@@ -42,7 +42,7 @@ class Entry:
 class Registry:
     """A named mapping from keys to plugin-contributed values."""
 
-    name: str  # "cards", "components", "kernels", ...
+    name: str  # "cards", "kernels", "interceptors", ...
     entries: dict[Hashable, Entry] = field(default_factory=dict)
 
     contested: dict[Hashable, list[Entry]] = field(default_factory=dict)  # keys two plugins registered
@@ -161,9 +161,7 @@ def lookup_kernel(kernels: Registry, op: str, device: str, arch: str, variant: s
 
 REGISTRY_NAMES = (
     "cards",
-    "components",
     "kernels",
-    "loops",
     "interceptors",
     "methods",
     "trainers",
@@ -180,9 +178,7 @@ class Registries:
     """The core's registries, one per hook."""
 
     cards: Registry = field(default_factory=lambda: Registry("cards"))
-    components: Registry = field(default_factory=lambda: Registry("components"))
     kernels: Registry = field(default_factory=lambda: Registry("kernels"))
-    loops: Registry = field(default_factory=lambda: Registry("loops"))
     interceptors: Registry = field(default_factory=lambda: Registry("interceptors"))
     methods: Registry = field(default_factory=lambda: Registry("methods"))
     trainers: Registry = field(default_factory=lambda: Registry("trainers"))

@@ -27,7 +27,7 @@ class ComponentSpec(Spec):
     """One loadable part of a model (transformer, VAE, text encoder, ...)."""
 
     kind: str  # "dit", "vae", "text_encoder", "tokenizer", "scheduler", ...
-    load_id: str  # "module:attr" of the class/loader, or a components-registry variant
+    load_id: str  # "module:attr" of the class or loader
     subfolder: str | None = None  # folder inside the checkpoint layout
     required_for: set[str] = Field(default_factory=set)  # tasks that need it loaded
     optional_for: set[str] = Field(default_factory=set)  # tasks that may use it

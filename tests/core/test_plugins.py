@@ -26,16 +26,8 @@ class EverythingPlugin:
         register("lazy-card", lambda: make_card("lazy-card"))
 
     @hookimpl
-    def fv_register_components(self, register):
-        register(("vae", "cpu", "tiled"), "torch.nn:Identity")
-
-    @hookimpl
     def fv_register_kernels(self, register):
         register(("attention", "cpu", "any", "naive"), "torch.nn.functional:scaled_dot_product_attention")
-
-    @hookimpl
-    def fv_register_loops(self, register):
-        register("denoise-euler", "collections:OrderedDict")
 
     @hookimpl
     def fv_register_interceptors(self, register):
@@ -87,15 +79,14 @@ def test_every_hook_fills_its_registry(host: PluginHost):
     host.collect()
     regs = host.registries
     assert host.card("lazy-card").model_id == "lazy-card"
-    assert ("vae", "cpu", "tiled") in regs.components
     assert ("attention", "cpu", "any", "naive") in regs.kernels
-    assert "denoise-euler" in regs.loops and "fbcache" in regs.interceptors and "finetune" in regs.methods
+    assert "fbcache" in regs.interceptors and "finetune" in regs.methods
     assert "everything" in regs.options
     cli = argparse.ArgumentParser()
     regs.commands.get("hello")(cli.add_subparsers())
     assert cli.parse_args(["hello"]).func(None) == 0
     (info,) = [p for p in host.report() if p["name"] == "everything"]
-    assert len(info["hooks"]) == 8
+    assert len(info["hooks"]) == 6
     assert info["registered"]["cards"] == ["lazy-card"]
 
 

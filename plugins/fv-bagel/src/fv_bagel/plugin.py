@@ -15,9 +15,3 @@ CARDS = {
 def fv_register_cards(register) -> None:
     for model_id, factory in CARDS.items():
         register(model_id, factory)
-
-
-@hookimpl
-def fv_register_loops(register) -> None:
-    register("bagel.chat", "fv_bagel.loop:ChatLoop")
-    register("bagel.t2i", "fv_bagel.loop:ImageLoop")

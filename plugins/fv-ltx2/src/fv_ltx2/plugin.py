@@ -19,12 +19,5 @@ def fv_register_cards(register) -> None:
 
 
 @hookimpl
-def fv_register_loops(register) -> None:
-    for name, loop in (("t2av", "LTX2Loop"), ("upsample", "LTX2UpsampleLoop"), ("refine", "LTX2RefineLoop"),
-                       ("i2av", "LTX2ImageLoop")):  # fmt: skip
-        register(f"ltx2.{name}", f"fv_ltx2.loop:{loop}")
-
-
-@hookimpl
 def fv_register_pipelines(register) -> None:
     register("LTX2Pipeline", "fv_ltx2.folder:LTX2Folder")

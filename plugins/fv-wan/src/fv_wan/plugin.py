@@ -35,19 +35,6 @@ def fv_register_cards(register) -> None:
 
 
 @hookimpl
-def fv_register_components(register) -> None:
-    register(("dit", "any", "wan2.1"), "diffusers:WanTransformer3DModel")
-    register(("vae", "any", "wan2.1"), "diffusers:AutoencoderKLWan")
-    register(("text_encoder", "any", "umt5"), "transformers:UMT5EncoderModel")
-
-
-@hookimpl
-def fv_register_loops(register) -> None:
-    register("wan.t2v", "fv_wan.loop:WanLoop")
-    register("wan.causal", "fv_wan.causal_loop:CausalWanLoop")
-
-
-@hookimpl
 def fv_register_trainers(register) -> None:
     register("wan", "fv_wan.training:WanTrainAdapter")
 
