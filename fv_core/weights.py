@@ -22,11 +22,17 @@ import torch
 from fv_core.card.spec import ComponentSpec, ModelCard
 from fv_core.card.validate import validate_card
 from fv_core.errors import WeightsError
+from fv_core.live_weights import SyncableComponents, check_tensor
 from fv_core.registry import Registries, resolve_lazy
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 __all__ = [
+    "check_tensor",
+    "SyncableComponents",
+    "component_folder",
+    "SHARED_KEY",
+    "FROM_PRETRAINED_LOCK",
     "bind_card",
     "cache_dir",
     "family",

@@ -1,5 +1,6 @@
 """Model cards: specs, validation and assembly."""
 
+from fv_core.card.assemble import complete_card, derive_card
 from fv_core.card.spec import (
     CacheContract,
     CapabilityMatrix,
@@ -18,6 +19,8 @@ from fv_core.card.spec import (
 from fv_core.card.validate import card_from_dict, check_loop_request, validate_card
 
 __all__ = [
+    "derive_card",
+    "complete_card",
     "CacheContract",
     "CapabilityMatrix",
     "CardVariant",

@@ -9,6 +9,7 @@ from fv_core.extend.protocols import (
     StepInterceptor,
     plugin_slot,
 )
+from fv_core.hookspecs import hookimpl
 from fv_core.loop.seam import (
     BLOCK_SKIP,
     BLOCKS_INPUT,
@@ -24,6 +25,7 @@ from fv_core.loop.seam import (
 from fv_core.loop.spans import BlockHooks, drive_spans
 
 __all__ = [
+    "hookimpl",
     "BLOCKS_INPUT",
     "BLOCK_SKIP",
     "KV_INPUT",

@@ -26,6 +26,7 @@ from fv_core.training.config import (
     validate_options,
 )
 from fv_core.training.datasets import Dataset, load_dataset
+from fv_core.training.dmd import DistributionMatching, DMDOptions
 from fv_core.training.method import Consistency, MethodSpec, Role, RoleSpec, TrainMethod
 from fv_core.training.records import load_records, records_equal, save_records
 from fv_core.training.reward import Reward, load_reward
@@ -55,6 +56,8 @@ def run_body(plan: WorkPlan, train: bool) -> dict[str, Any]:
 
 
 __all__ = [
+    "DistributionMatching",
+    "DMDOptions",
     "BehaviorRecord",
     "Consistency",
     "DataConfig",
