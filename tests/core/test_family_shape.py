@@ -8,8 +8,8 @@ import torch
 
 from fv_core import CardValidationError, ConfigError
 from fv_core.card import validate_card
-from fv_core.loop import LoopState, batch_key, pinned, pinned_module, pinned_state
 from fv_core.load import resolve_kernels
+from fv_core.loop import LoopState, batch_key, pinned, pinned_module, pinned_state
 from fv_core.request import Params, Request
 from fv_core.runtime import Engine
 from tests.core.conftest import make_card
