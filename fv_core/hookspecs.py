@@ -121,6 +121,18 @@ def fv_register_commands(register: Register) -> None:
     """
 
 
+@hookspec
+def fv_register_fleets(register: Register) -> None:
+    """Contribute fleets: many fv servers behind one OpenAI-compatible endpoint (``fv serve --NAME``).
+
+    :param register: call ``register(name, run)`` where ``run`` (a callable or lazy
+        ``"module:attr"`` string) is ``run(deploy_file, host=, port=, data_dir=, api_key=, device=,
+        address=) -> exit code``: it starts the fleet the deploy file describes behind ``host:port``
+        and returns once it stopped; ``address`` is the cluster to join (None: the engine's default).
+        ``name`` is the ``fv serve`` flag that selects it (``"ray"``: ``fv serve --ray``).
+    """
+
+
 HOOK_NAMES: tuple[str, ...] = tuple(
     name for name, value in list(globals().items()) if name.startswith("fv_register_") and callable(value)
 )

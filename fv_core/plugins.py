@@ -21,7 +21,7 @@ import sys
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 
 import pluggy
 
@@ -59,6 +59,23 @@ class LoadError:
     def __str__(self) -> str:
         dist = f" (distribution {self.distribution})" if self.distribution else ""
         return f"plugin {self.plugin!r}{dist} failed to {self.stage}: {self.error}"
+
+
+class RunFleet(Protocol):
+    """A fleet ``fv_register_fleets`` registers: serve the deploy file on many fv servers behind
+    ``host:port`` until stopped; returns the exit code."""
+
+    def __call__(
+        self,
+        deploy_file: str,
+        *,
+        host: str,
+        port: int,
+        data_dir: str | None,
+        api_key: str | None,
+        device: str,
+        address: str | None,
+    ) -> int: ...
 
 
 def _names_from_env(env: Mapping[str, str], var: str) -> set[str] | None:
@@ -177,6 +194,20 @@ class PluginHost:
         from fv_core.card.assemble import assemble_card
 
         return assemble_card(self.registries, model_id)
+
+    def fleet(self, name: str) -> RunFleet:
+        """The fleet ``name`` (``"ray"``: ``fv serve --ray``) a plugin registered; none is an error
+        naming the flag, the plugins that failed to load and the fix."""
+        if name not in self.registries.fleets:
+            failed = "".join(f"; {e}" for e in self.errors)
+            raise ConfigError(
+                f"fv serve --{name}: no installed plugin provides the {name!r} fleet (fleets provided: "
+                f"{self.registries.fleets.describe_keys()}{failed}); the core serves one process, fleets "
+                f"come from plugins (fv_register_fleets). Fix: install the plugin that provides it (--ray: "
+                "pip install fv-ray-serve, from this repository pip install -e plugins/fv-ray-serve), or "
+                "allow it in FV_PLUGINS / FV_DISABLE_PLUGINS."
+            )
+        return self.registries.fleets.get(name)
 
     def require(self, names: list[str]) -> None:
         """Fail with the load error (or absence) of any named plugin."""

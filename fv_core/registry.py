@@ -170,6 +170,7 @@ REGISTRY_NAMES = (
     "options",
     "pipelines",
     "commands",
+    "fleets",
 )
 
 
@@ -187,6 +188,7 @@ class Registries:
     options: Registry = field(default_factory=lambda: Registry("options"))
     pipelines: Registry = field(default_factory=lambda: Registry("pipelines"))
     commands: Registry = field(default_factory=lambda: Registry("commands"))
+    fleets: Registry = field(default_factory=lambda: Registry("fleets"))
 
     def settle(self, enabled: set[str]) -> None:
         """Resolve contested keys in every registry by the deploy's enabled plugins."""

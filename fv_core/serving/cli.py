@@ -1,4 +1,5 @@
-"""``fv serve DEPLOY_FILE``: the HTTP server on uvicorn; ``fv serve --ray DEPLOY_FILE``: a Ray Serve fleet."""
+"""``fv serve DEPLOY_FILE``: the HTTP server on uvicorn; ``fv serve --ray DEPLOY_FILE``: the fleet a plugin
+registers as ``"ray"`` (fv-ray-serve: Ray Serve)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,22 @@ from typing import Any
 def cmd_serve(args: argparse.Namespace) -> int:
     from fv_core.devices import check_device
     from fv_core.errors import ConfigError
+    from fv_core.plugins import load_plugins
 
     check_device(args.device, "--device")  # before any process or model starts
     if args.ray and args.parallel:
         raise ConfigError(
             "--parallel with --ray: put `parallel:` on the deploy entry instead (each replica reads it)."
         )
-    if args.ray:
-        try:
-            from fv_ray_serve import run_fleet
-        except ImportError as exc:
-            raise ConfigError(
-                f"fv serve --ray needs the fv-ray-serve package ({exc}). Fix: pip install fv-ray-serve "
-                "(from this repository: pip install -e plugins/fv-ray-serve)"
-            ) from None
-        return run_fleet(
-            args.deploy_file, args.host, args.port, args.data_dir, args.api_key, args.device, args.ray_address
+    if args.ray:  # a plugin's fleet (fv-ray-serve registers "ray")
+        return load_plugins().fleet("ray")(
+            args.deploy_file,
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            api_key=args.api_key,
+            device=args.device,
+            address=args.ray_address,
         )
     try:
         from fv_core.serving.server import DrainingServer
@@ -33,7 +34,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("fv serve needs the serve extra. Fix: pip install 'fv-core[serve]'") from None
 
     from fv_core.deploy import check_deploy, load_deploy
-    from fv_core.plugins import load_plugins
     from fv_core.serving.app import create_app
 
     deploy = with_parallel(load_deploy(args.deploy_file), args.parallel)

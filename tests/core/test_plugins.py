@@ -50,6 +50,10 @@ class EverythingPlugin:
 
         register("hello", add_hello)
 
+    @hookimpl
+    def fv_register_fleets(self, register):
+        register("local", lambda deploy_file, **options: 0)
+
 
 class BrokenRegistration:
     @hookimpl
@@ -85,8 +89,10 @@ def test_every_hook_fills_its_registry(host: PluginHost):
     cli = argparse.ArgumentParser()
     regs.commands.get("hello")(cli.add_subparsers())
     assert cli.parse_args(["hello"]).func(None) == 0
+    assert host.fleet("local")("deploy.yaml", host="127.0.0.1", port=1, data_dir=None, api_key=None,
+                               device="cpu", address=None) == 0  # fmt: skip
     (info,) = [p for p in host.report() if p["name"] == "everything"]
-    assert len(info["hooks"]) == 6
+    assert len(info["hooks"]) == 7
     assert info["registered"]["cards"] == ["lazy-card"]
 
 

@@ -35,3 +35,15 @@ def test_serve_refuses_a_device_this_machine_lacks_before_starting(tmp_path, cap
         assert main(["serve", str(deploy), "--device", device, "--port", "1"]) == 2
         err = capsys.readouterr().err
         assert f"--device={device!r}" in err and "Fix:" in err
+
+
+def test_serve_ray_without_a_fleet_plugin_names_the_flag_and_the_fix(tmp_path, monkeypatch, capsys):
+    from fv_core.cli import main
+
+    monkeypatch.setenv("FV_DISABLE_PLUGINS", "fv-ray-serve")
+    deploy = tmp_path / "d.yaml"
+    deploy.write_text("plugins: [fv-wan]\nmodels:\n  - card: wan2.1-t2v-shapes\n")
+    assert main(["serve", "--ray", str(deploy)]) == 2
+    err = capsys.readouterr().err
+    assert "--ray" in err and "no installed plugin provides the 'ray' fleet" in err
+    assert "Fix: install the plugin that provides it (--ray: pip install fv-ray-serve" in err

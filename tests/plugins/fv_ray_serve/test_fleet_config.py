@@ -85,3 +85,15 @@ def test_serve_run_builds_one_models_application_from_a_deploy_file(tmp_path):
     assert app_builder({"deploy": str(path), "model": "b"})._bound_deployment.num_replicas == 3
     with pytest.raises(ValueError, match="Fix: pass model=NAME"):
         app_builder({"deploy": str(path)})  # two models: serve run needs one
+
+
+def test_fv_serve_ray_runs_the_fleet_the_plugin_registers_without_importing_ray_to_load_it():
+    import subprocess
+    import sys
+
+    from fv_core import load_plugins
+    from fv_ray_serve.run import run_fleet
+
+    assert load_plugins().fleet("ray") is run_fleet
+    check = "import sys; from fv_core import load_plugins; load_plugins(); assert 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", check], check=True)

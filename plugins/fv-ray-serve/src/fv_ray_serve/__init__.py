@@ -1,22 +1,30 @@
 """fv fleet: Ray Serve deployments of fv engines behind the OpenAI-compatible API.
 
-Not an ``fv.plugins`` hook plugin (it registers nothing with the core): ``fv serve --ray`` imports it.
+``fv_ray_serve.plugin`` registers the ``ray`` fleet that ``fv serve --ray`` runs. The names below are
+imported on first use, so loading the plugin does not import Ray.
 """
 
-from fv_ray_serve.autoscale import QUEUE_DEPTH, QueueDepthPolicy
-from fv_ray_serve.config import Fleet, ModelFleet, load_fleet_file, split_fleet
-from fv_ray_serve.deployment import FvReplica, app_builder, applications
-from fv_ray_serve.run import run_fleet
+from __future__ import annotations
 
-__all__ = [
-    "QUEUE_DEPTH",
-    "Fleet",
-    "FvReplica",
-    "ModelFleet",
-    "QueueDepthPolicy",
-    "app_builder",
-    "applications",
-    "load_fleet_file",
-    "run_fleet",
-    "split_fleet",
-]
+from importlib import import_module
+from typing import Any
+
+_MODULE = {
+    "QUEUE_DEPTH": "autoscale",
+    "QueueDepthPolicy": "autoscale",
+    "Fleet": "config",
+    "ModelFleet": "config",
+    "load_fleet_file": "config",
+    "split_fleet": "config",
+    "FvReplica": "deployment",
+    "app_builder": "deployment",
+    "applications": "deployment",
+    "run_fleet": "run",
+}
+__all__ = sorted(_MODULE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_MODULE[name]}"), name)

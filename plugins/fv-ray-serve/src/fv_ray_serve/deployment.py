@@ -21,8 +21,7 @@ from ray.serve import Application
 
 from fv_core import DeploymentCard
 from fv_core.deploy import parse_deploy
-from fv_core.serving.app import create_app
-from fv_core.serving.jobs import default_data_dir
+from fv_core.serving import create_app, default_data_dir
 from fv_ray_serve.autoscale import QUEUE_DEPTH
 from fv_ray_serve.config import Fleet, ModelFleet, load_fleet_file
 
