@@ -265,7 +265,8 @@ def memory_child(case: str, folder: str, copy_folder: str, size: str) -> dict:
     from diffusers import AutoencoderKL  # noqa: F401  (what the requests import, before the baseline)
     from transformers import AutoTokenizer  # noqa: F401
 
-    import fv_bagel.loop  # noqa: F401
+    import fv_bagel.chat_loop  # noqa: F401
+    import fv_bagel.t2i_loop  # noqa: F401
     import fv_core
     from fv_core.runtime import Engine
 

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-import fv_bagel.loop as bagel_loop
+import fv_bagel.bodies as bagel_loop
 import fv_core
 from fv_bagel.cards import bagel_7b_mot
-from fv_bagel.loop import guide, sample, schedule
+from fv_bagel.chat_loop import sample
+from fv_bagel.guidance import guide, schedule
+from fv_bagel.state import ChatState, DenoiseState
 from fv_core import (
     ConfigError,
     ImageArtifact,
@@ -83,7 +85,7 @@ def bagel_loop_logits(bagel, parts) -> torch.Tensor:
     loop = bagel.loop("chat")
     with torch.inference_mode():
         state = loop.init(request)
-        while state.values["segments"]:
+        while ChatState.of(state).segments:
             plan = loop.next(state)
             loop.advance(state, StepResult(outputs=plan.body(plan.inputs)))
         plan = loop.next(state)
@@ -344,7 +346,7 @@ def test_cfg_contexts_share_their_common_prefix_pages(bagel, task):
             state = _drive(loop, program.stage_request(i, request, results))
             if i == 0:
                 results[stage.name] = loop.finalize(state)
-    ctx = {name: c["seq"] for name, c in state.values["ctx"].items()}
+    ctx = {name: c["seq"] for name, c in DenoiseState.of(state).ctx.items()}
     cond, text, img = ctx["cond"], ctx["text_uncond"], ctx["img_uncond"]
     page = pool.page_size
     if task == "edit":

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from fv_bagel.bodies import text_body
 from fv_bagel.checkpoint import check_layout, load_net
-from fv_bagel.loop import padded, text_body
+from fv_bagel.context import padded
 from fv_core import WeightsError
 
 

@@ -4,6 +4,7 @@ network: the two loops bind the same ``net`` component."""
 
 from __future__ import annotations
 
+from fv_bagel.params import VAE_TRANSFORM, VIT_TRANSFORM
 from fv_core import (
     CacheContract,
     CapabilityMatrix,
@@ -47,6 +48,10 @@ EDIT_DEFAULTS = {
 }  # fmt: skip
 
 
+# how input images are resized (BAGEL's vae_transform, then vit_transform): chat's and edit's defaults
+PUBLISHED_TRANSFORMS = dict(vae_transform=VAE_TRANSFORM, vit_transform=VIT_TRANSFORM)
+
+
 def components() -> dict[str, ComponentSpec]:
     return {
         "net": ComponentSpec(
@@ -73,6 +78,7 @@ def bagel_card(
     chat: dict | None = None,
     think: dict | None = None,
     precision: PrecisionContract,
+    transforms: dict = PUBLISHED_TRANSFORMS,
     instance_factory: str = "fv_bagel.model:BagelModel",
     default_weights: str | None = None,
     max_resolution: tuple[int, int] | None = (1024, 1024),
@@ -82,7 +88,7 @@ def bagel_card(
         "chat": LoopSpec(
             kind=LoopKind.AR_DECODE,
             work_unit_kind=WorkUnitKind.AR_TOKEN,
-            loop_factory="fv_bagel.loop:ChatLoop",
+            loop_factory="fv_bagel.chat_loop:ChatLoop",
             components=["net", "tokenizer"],
             shared_weight_components=["net"],
             step_cost=cost,
@@ -92,7 +98,7 @@ def bagel_card(
         "t2i": LoopSpec(
             kind=LoopKind.DIFFUSION_DENOISE,
             work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
-            loop_factory="fv_bagel.loop:ImageLoop",
+            loop_factory="fv_bagel.t2i_loop:ImageLoop",
             components=["net", "tokenizer", "vae"],
             shared_weight_components=["net"],
             step_cost=cost,
@@ -103,7 +109,7 @@ def bagel_card(
         "edit": LoopSpec(  # the denoise loop over an image's context (its steps: t2i's)
             kind=LoopKind.DIFFUSION_DENOISE,
             work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
-            loop_factory="fv_bagel.loop:ImageLoop",
+            loop_factory="fv_bagel.edit_loop:EditLoop",
             components=["net", "tokenizer", "vae"],
             shared_weight_components=["net"],
             step_cost=cost,
@@ -116,7 +122,7 @@ def bagel_card(
         "think": LoopSpec(  # the AR loop writing a plan into the generation context (its steps: t2i's)
             kind=LoopKind.AR_DECODE,
             work_unit_kind=WorkUnitKind.AR_TOKEN,
-            loop_factory="fv_bagel.loop:ChatLoop",
+            loop_factory="fv_bagel.chat_loop:ChatLoop",
             components=["net", "tokenizer"],
             shared_weight_components=["net"],
             step_cost=cost,
@@ -126,14 +132,15 @@ def bagel_card(
     }
     programs = {
         "chat": ProgramSpec(
-            stages=["chat"], defaults={**CHAT_DEFAULTS, **(chat or {})}, outputs=["text"],
+            stages=["chat"], defaults={**CHAT_DEFAULTS, **transforms, **(chat or {})}, outputs=["text"],
             description="text (and images) in, text out: understanding and chat",
         ),
         "t2i": ProgramSpec(
             stages=["t2i"], defaults={**T2I_DEFAULTS, **t2i}, outputs=["image"], description="text to image",
         ),
         "edit": ProgramSpec(
-            stages=["edit"], defaults={**EDIT_DEFAULTS, **{k: v for k, v in t2i.items() if k in EDIT_DEFAULTS}},
+            stages=["edit"],
+            defaults={**EDIT_DEFAULTS, **transforms, **{k: v for k, v in t2i.items() if k in EDIT_DEFAULTS}},
             outputs=["image"], description="image and instruction to image (the image sets the size)",
         ),
         "think-t2i": ProgramSpec(
@@ -195,6 +202,7 @@ def bagel_tiny() -> ModelCard:
         chat=dict(max_tokens=16),
         think=dict(max_tokens=8),
         precision=PrecisionContract(supported=["float32"], default="float32"),
+        transforms=dict(vae_transform=(128, 64, 16), vit_transform=(32, 16, 4)),  # its tables: 8x16, 8x4 px
         instance_factory="fv_bagel.model:exact_model",
         default_weights="fv_bagel.tiny:tiny_weights",
         max_resolution=(128, 128),

@@ -11,10 +11,36 @@ from fv_core import ConfigError, ModelCard, Params, param_meta
 from fv_core.request import VariationParams
 
 MAX_PROMPT = 20_000  # characters; the tokenized context is checked against the model's positions
+# BAGEL's ImageTransform bounds (inferencer.py / app.py): (max side, min side, stride) in pixels
+VAE_TRANSFORM = (1024, 512, 16)
+VIT_TRANSFORM = (980, 224, 14)
 
 
-class TextParams(Params):
-    """Sampling of the AR decode loop (``chat``; the thinking of ``think-t2i``)."""
+class ImageInputs(Params):
+    """How the request's input images are resized (BAGEL's two transforms, in this order)."""
+
+    vae_transform: tuple[int, int, int] = Field(
+        VAE_TRANSFORM, description="input images first (BAGEL's vae_transform; an edit's output size): "
+        "(max side, min side, stride) in pixels",
+    )  # fmt: skip
+    vit_transform: tuple[int, int, int] = Field(
+        VIT_TRANSFORM, description="then for the ViT's understanding tokens (BAGEL's vit_transform): "
+        "(max side, min side, stride) in pixels",
+    )  # fmt: skip
+
+    @field_validator("vae_transform", "vit_transform")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int, int]) -> tuple[int, int, int]:
+        most, least, stride = value
+        if not 0 < stride <= least <= most:
+            raise ValueError(
+                f"{list(value)} must satisfy 0 < stride <= min side <= max side. Fix: e.g. {list(VAE_TRANSFORM)}"
+            )
+        return value
+
+
+class TextParams(ImageInputs):
+    """Sampling of the AR decode loop (``chat``; the thinking of ``think-t2i``), and how its images are resized."""
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT, description="the user's message")
     max_tokens: int = Field(ge=1, le=32_768, description="most new tokens to generate")
@@ -71,8 +97,8 @@ class GuidedParams(VariationParams):
             )
 
 
-class EditParams(GuidedParams):
-    """``edit``: the instruction and guidance; the input image sets the size (resized as BAGEL does)."""
+class EditParams(GuidedParams, ImageInputs):
+    """``edit``: the instruction and guidance; the input image, resized as BAGEL does, sets the size."""
 
 
 class ImageParams(GuidedParams):

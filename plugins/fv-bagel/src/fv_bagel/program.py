@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fv_bagel.loop import GEN_THINK_SYSTEM_PROMPT
 from fv_bagel.params import ImageParams, TextParams
 from fv_core import LoopResult, Request
 
+GEN_THINK_SYSTEM_PROMPT = (  # BAGEL's system prompt for thinking before an image (inferencer.py)
+    "You should first think about the planning process in the mind and then generate the image. \n"
+    "The planning process is enclosed within <think> </think> tags, i.e. <think> planning process here </think> "
+    "image here"
+)
 TEXT_FIELDS = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "seed")
 
 
