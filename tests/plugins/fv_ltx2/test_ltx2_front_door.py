@@ -18,7 +18,7 @@ import fv_core
 from fv_core import ConfigError, WeightsError
 from fv_core.parity import check_batched_parity
 from fv_core.runtime import Engine
-from fv_ltx2.loop import decode_audio_body, decode_video_body, denoise_body, encode_body
+from fv_ltx2.steps import decode_audio_body, decode_video_body, denoise_body, encode_body
 
 TINY = "ltx2-tiny"
 

@@ -23,7 +23,7 @@ from fv_core.deploy.card import parse_deploy
 from fv_core.parallel import TRAFFIC
 from fv_core.parity import assert_interleave_parity
 from fv_core.runtime import Engine
-from fv_ltx2.loop import LTX2Loop
+from fv_ltx2.t2av_loop import LTX2Loop
 from fv_ltx2.tiny import write_tiny_checkpoint
 
 # Declared fp32 tolerance of a parallel run against one process: a shard's (or a cfg rank's) matmuls

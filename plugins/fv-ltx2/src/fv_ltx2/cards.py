@@ -124,16 +124,16 @@ def ltx2_card(
         )
 
     loops = {
-        "t2av": denoise("fv_ltx2.loop:LTX2Loop"),
+        "t2av": denoise("fv_ltx2.t2av_loop:LTX2Loop"),
         "upsample": LoopSpec(
             kind=LoopKind.VAE_DECODE,
             work_unit_kind=WorkUnitKind.VAE_TILE,
-            loop_factory="fv_ltx2.loop:LTX2UpsampleLoop",
+            loop_factory="fv_ltx2.upsample_loop:LTX2UpsampleLoop",
             components=["latent_upsampler"],
         ),
-        "refine": denoise("fv_ltx2.loop:LTX2RefineLoop", variant_of="t2av"),
+        "refine": denoise("fv_ltx2.refine_loop:LTX2RefineLoop", variant_of="t2av"),
         "i2av": denoise(
-            "fv_ltx2.loop:LTX2ImageLoop",
+            "fv_ltx2.i2av_loop:LTX2ImageLoop",
             variant_of="t2av",
             accepts=["image"],
             requires=["image"],

@@ -7,14 +7,43 @@ sets the defaults. The audio scales fall back to the video ones when unset or ze
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from pydantic import Field
 
 from fv_core import ConfigError, ModelCard, param_meta
 from fv_core.request import VariationParams
 
-TIME_COMPRESSION, SPACE_COMPRESSION = 8, 32  # LTX-2's video VAE: 8k+1 frames, sizes in multiples of 32
 REGISTERS = 128  # the text connectors' learnable registers: text lengths are multiples of this
-AUDIO_LATENTS_PER_SECOND = 25  # LTX-2's audio VAE: 16 kHz, hop 160, 4x in time
+SIZE_MULTIPLE = 32  # diffusers' LTX2Pipeline refuses other heights and widths, whatever the VAE
+AUDIO_DOWNSAMPLE = 4  # diffusers' AutoencoderKLLTX2Audio compresses time 4x (a class constant, not config)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a card's folder makes of a request's size and length: the video VAE's compression and the
+    audio VAE's sampling, as its card states them (:func:`fv_ltx2.folder.architecture`; LTX-2's published
+    values when it states none), read where diffusers' LTX2Pipeline reads them."""
+
+    time: int  # frames per latent frame: a video has time·k + 1 frames
+    space: int  # pixels per latent row and column
+    audio_per_second: float  # audio latents per second: sample rate / mel hop / AUDIO_DOWNSAMPLE
+
+    @classmethod
+    def of(cls, card: ModelCard) -> Geometry:
+        vae, audio = card.components["vae"].config, card.components["audio_vae"].config
+        rate, hop = audio.get("sample_rate", 16000), audio.get("mel_hop_length", 160)
+        return cls(
+            vae.get("temporal_compression_ratio", 8),
+            vae.get("spatial_compression_ratio", 32),
+            rate / hop / AUDIO_DOWNSAMPLE,
+        )
+
+    @property
+    def size_multiple(self) -> int:
+        """Heights and widths must be multiples of this: diffusers' check and the VAE's compression."""
+        return math.lcm(SIZE_MULTIPLE, self.space)
 
 
 class LTX2Params(VariationParams):
@@ -23,13 +52,19 @@ class LTX2Params(VariationParams):
     prompt: str = Field(min_length=1, max_length=10_000, description="what the video shows and sounds like")
     negative_prompt: str = Field(max_length=10_000, description="what to steer away from (CFG only)")
     num_frames: int = Field(
-        ge=1, description="frames, 8k+1", json_schema_extra=param_meta("max_frames", "--frames")
+        ge=1,
+        description="frames, k × the VAE's temporal compression + 1 (8k+1 for LTX-2)",
+        json_schema_extra=param_meta("max_frames", "--frames"),
     )
     height: int = Field(
-        ge=32, description="pixels, a multiple of 32", json_schema_extra=param_meta("max_height")
+        ge=32,
+        description="pixels, a multiple of 32 (and of the VAE's compression)",
+        json_schema_extra=param_meta("max_height"),
     )
     width: int = Field(
-        ge=32, description="pixels, a multiple of 32", json_schema_extra=param_meta("max_width")
+        ge=32,
+        description="pixels, a multiple of 32 (and of the VAE's compression)",
+        json_schema_extra=param_meta("max_width"),
     )
     fps: float = Field(gt=0, le=240, description="frame rate of the video (and the audio's length)")
     num_inference_steps: int = Field(
@@ -66,21 +101,23 @@ class LTX2Params(VariationParams):
 
     def check(self, card: ModelCard, loop_id: str) -> None:
         super().check(card, loop_id)
+        g = Geometry.of(card)
+        t, size = g.time, g.size_multiple
         rules = [
-            ("num_frames", (self.num_frames - 1) % TIME_COMPRESSION, "must be 8k+1 (1, 9, ..., 121): the VAE packs 8 frames a latent",
-             max(1, (self.num_frames - 1) // TIME_COMPRESSION * TIME_COMPRESSION + 1)),
-            ("height", self.height % SPACE_COMPRESSION, "must be a multiple of 32 (the VAE's compression)", self.height // 32 * 32),
-            ("width", self.width % SPACE_COMPRESSION, "must be a multiple of 32 (the VAE's compression)", self.width // 32 * 32),
+            ("num_frames", (self.num_frames - 1) % t, f"must be {t}k+1 (1, {t + 1}, {2 * t + 1}, ...): the VAE packs "
+             f"{t} frames a latent", max(1, (self.num_frames - 1) // t * t + 1)),
+            ("height", self.height % size, f"must be a multiple of {size} (the VAE's compression)", max(size, self.height // size * size)),
+            ("width", self.width % size, f"must be a multiple of {size} (the VAE's compression)", max(size, self.width // size * size)),
             ("max_sequence_length", self.max_sequence_length % REGISTERS, "must be a multiple of 128 (the text "
              "connectors' registers)", self.max_sequence_length // REGISTERS * REGISTERS),
         ]  # fmt: skip
         for name, broken, rule, fix in rules:
             if broken:
                 raise ConfigError(f"{name}={getattr(self, name)} {rule}. Fix: use {fix}", param=name)
-        if self.num_frames / self.fps * AUDIO_LATENTS_PER_SECOND < 0.5:
+        if self.num_frames / self.fps * g.audio_per_second < 0.5:
             raise ConfigError(
                 f"num_frames={self.num_frames} at fps={self.fps:g} lasts {self.num_frames / self.fps:.3f} s, too short "
-                "for one audio latent (40 ms). Fix: ask for more frames or a lower fps",
+                f"for one audio latent ({1000 / g.audio_per_second:.0f} ms). Fix: ask for more frames or a lower fps",
                 param="num_frames",
             )
         if self.stg_on and not self.spatio_temporal_guidance_blocks:
@@ -149,12 +186,13 @@ class LTX2TwoStageParams(LTX2Params):
                 f"refine_sigmas={self.refine_sigmas}: sigmas are noise levels in (0, 1]. Fix: e.g. [0.909375, 0.725, 0.421875]",
                 param="refine_sigmas",
             )
+        size = Geometry.of(card).size_multiple
         for name in ("height", "width"):
             value = getattr(self, name)
-            if value % (2 * SPACE_COMPRESSION):
+            if value % (2 * size):
                 raise ConfigError(
-                    f"{name}={value} must be a multiple of 64 for two stages (the base stage runs at half size, "
-                    f"a multiple of 32). Fix: use {max(64, value // 64 * 64)}",
+                    f"{name}={value} must be a multiple of {2 * size} for two stages (the base stage runs at half "
+                    f"size, a multiple of {size}). Fix: use {max(2 * size, value // (2 * size) * 2 * size)}",
                     param=name,
                 )
 

@@ -1,7 +1,9 @@
 """How ``t2av-two-stage`` hands each stage its request: base at half size (latents out), the latent
 upsampler on them, then refine at the requested size on fixed sigmas with guidance off. Latents pass
-between stages in memory (``Request.carry``), with the weights versions the base stage pinned: the
-whole program runs on the weights it started with, whatever weight sync lands meanwhile."""
+between stages in memory (``Request.carry``), with the weights versions the base stage pinned (the
+whole program runs on the weights it started with, whatever weight sync lands meanwhile) and where the
+base stage left its noise streams: the refine's re-noise continues them, as one generator handed through
+diffusers' chained pipelines (and Lightricks' two-stage pipeline) does."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ GUIDANCE_OFF = dict(
     audio_stg_scale=0.0,
     audio_modality_scale=1.0,
 )
+# guidance off leaves nothing to rescale (the guided prediction is the conditional one)
+RESCALE_OFF = dict(guidance_rescale=0.0, audio_guidance_rescale=0.0)
 
 
 def base(request: Request, results: dict[str, LoopResult]) -> Request:
@@ -28,20 +32,32 @@ def base(request: Request, results: dict[str, LoopResult]) -> Request:
 
 def upsample(request: Request, results: dict[str, LoopResult]) -> Request:
     """Stage 1: the base stage's latents."""
-    return replace(request, carry={**list(results.values())[-1].outputs, "weights_versions": _pins(results)})
+    return replace(
+        request, carry={**_latents(results), "weights_versions": _base(results).metrics["weights_versions"]}
+    )
 
 
 def refine(request: Request, results: dict[str, LoopResult]) -> Request:
-    """Stage 2: the upsampled latents, re-noised to ``refine_noise_scale`` (unset: the first refine sigma),
-    on the refine sigmas."""
+    """Stage 2: the upsampled latents, re-noised to ``refine_noise_scale`` (unset: the first refine sigma)
+    with the base stage's noise streams continued, on the refine sigmas."""
     p = request.params
     sigmas = p.refine_sigmas
-    params = p.model_copy(update={"num_inference_steps": len(sigmas), "sigmas": sigmas, **GUIDANCE_OFF})
-    scale = p.refine_noise_scale if p.refine_noise_scale is not None else sigmas[0]
-    carry = {**list(results.values())[-1].outputs, "noise_scale": scale, "weights_versions": _pins(results)}
-    return replace(request, params=params, carry=carry)
+    update = {"num_inference_steps": len(sigmas), "sigmas": sigmas, **GUIDANCE_OFF, **RESCALE_OFF}
+    first = _base(results)
+    carry = {
+        **_latents(results),
+        "noise_scale": p.refine_noise_scale if p.refine_noise_scale is not None else sigmas[0],
+        "weights_versions": first.metrics["weights_versions"],  # pinned by the base stage at init
+        "rng": first.outputs["rng"],
+    }
+    return replace(request, params=p.model_copy(update=update), carry=carry)
 
 
-def _pins(results: dict[str, LoopResult]) -> dict[str, str]:
-    """The weights versions the base stage pinned at init (later stages keep them)."""
-    return next(iter(results.values())).metrics["weights_versions"]
+def _base(results: dict[str, LoopResult]) -> LoopResult:
+    return next(iter(results.values()))
+
+
+def _latents(results: dict[str, LoopResult]) -> dict:
+    """The video and audio latents the last stage handed on."""
+    outputs = list(results.values())[-1].outputs
+    return {"latents": outputs["latents"], "audio_latents": outputs["audio_latents"]}

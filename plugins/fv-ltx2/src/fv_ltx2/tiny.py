@@ -313,11 +313,23 @@ def transformer_config(overrides: dict | None = None) -> dict:
     return config
 
 
-def write_tiny_checkpoint(folder: Path, transformer: dict | None = None, seed: int = SEED) -> None:
+def write_tiny_checkpoint(
+    folder: Path,
+    transformer: dict | None = None,
+    seed: int = SEED,
+    *,
+    vae: dict | None = None,
+    audio_vae: dict | None = None,
+    vocoder: dict | None = None,
+) -> None:
     """Write the full diffusers layout into ``folder`` (random weights from ``seed``).
 
     :param transformer: overrides of the transformer config (e.g. ``{"num_layers": 3}`` for a
-        second, differently-shaped checkpoint). Text, connector, VAE, audio and vocoder sizes are fixed.
+        second, differently-shaped checkpoint).
+    :param vae: overrides of the video VAE config (e.g. another temporal compression); ``audio_vae``
+        and ``vocoder`` likewise (another sample rate or mel hop). The transformer's matching values
+        (``vae_scale_factors``, ``audio_in_channels``, ...) are the caller's to override with them.
+        Text and connector sizes are fixed.
     """
     from diffusers import (
         AutoencoderKLLTX2Audio,
@@ -357,20 +369,20 @@ def write_tiny_checkpoint(folder: Path, transformer: dict | None = None, seed: i
         text_encoder = Gemma3ForConditionalGeneration(config).eval()
         connectors = LTX2TextConnectors(**TINY_CONNECTORS)
         dit = LTX2VideoTransformer3DModel(**transformer_config(transformer))
-        vae = AutoencoderKLLTX2Video(**TINY_VAE)
-        audio_vae = AutoencoderKLLTX2Audio(**TINY_AUDIO_VAE)
-        vocoder = LTX2Vocoder(**TINY_VOCODER)
+        video_vae = AutoencoderKLLTX2Video(**{**TINY_VAE, **(vae or {})})
+        audio = AutoencoderKLLTX2Audio(**{**TINY_AUDIO_VAE, **(audio_vae or {})})
+        voc = LTX2Vocoder(**{**TINY_VOCODER, **(vocoder or {})})
         latent_upsampler = LTX2LatentUpsamplerModel(**TINY_LATENT_UPSAMPLER)
         lora = distilled_lora(dit)
     pipe = LTX2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**LTX2_SCHEDULER),
-        vae=vae,
-        audio_vae=audio_vae,
+        vae=video_vae,
+        audio_vae=audio,
         text_encoder=text_encoder,
         tokenizer=tokenizer,
         connectors=connectors,
         transformer=dit,
-        vocoder=vocoder,
+        vocoder=voc,
     )
     pipe.save_pretrained(folder, safe_serialization=True)
     # Not a pipeline component: LTX-2 ships it for the two-stage (upsample + refine) workflow.
