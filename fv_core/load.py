@@ -19,7 +19,7 @@ from fv_core.card.spec import ModelCard
 from fv_core.deploy.card import DeploymentCard, ModelDeploy, load_deploy
 from fv_core.deploy.check import check_deploy, deploy_plugin_options
 from fv_core.devices import check_device
-from fv_core.errors import ConfigError
+from fv_core.errors import ConfigError, WeightsError
 from fv_core.kernels_select import select_kernel
 from fv_core.model import LoadedModel, OptionsPolicy, unknown_model
 from fv_core.parallel.group import WorkerSpec, start_group
@@ -150,9 +150,16 @@ def _card_on_weights(host: PluginHost, name: str, weights: str | Path | None) ->
         folder = Path(str(weights)).expanduser().resolve()
         return bind_card(host.registries, card, folder), folder
     folder = Path(name).expanduser().resolve()
-    if not (folder / "model_index.json").is_file():
+    if not folder.is_dir():
         raise unknown_model(name, (str(k) for k in host.registries.cards))
-    pipeline = model_index(folder).get("_class_name")
+    pipeline = _folder_pipeline(host, folder)
+    if pipeline is None:
+        readers = sorted(str(k) for k in host.registries.pipelines)
+        raise WeightsError(
+            f"{str(folder)!r} has no model_index.json, and no installed folder reader recognises its files "
+            f"(readers: {readers}). Fix: point at a diffusers-format folder or a published layout one of "
+            "them reads, or install the model plugin for it."
+        )
     return complete_card(family(host.registries, pipeline, folder).card(folder)), folder
 
 
@@ -198,8 +205,22 @@ def _plugins_used(host: PluginHost, card: ModelCard, kernels: Kernels) -> list[s
     return sorted(names - {BUILTIN_PLUGIN})
 
 
+def _folder_pipeline(host: PluginHost, folder: Path) -> Any:
+    """The pipeline a checkpoint folder holds: its ``model_index.json`` class, else the first registered
+    reader's that ``recognizes(folder)`` (a family whose published layout has no model_index.json);
+    None when neither."""
+    if (folder / "model_index.json").is_file():
+        return model_index(folder).get("_class_name")
+    pipelines = host.registries.pipelines
+    for pipeline in pipelines:
+        recognizes = getattr(pipelines.get(pipeline), "recognizes", None)
+        if recognizes is not None and recognizes(folder):
+            return pipeline
+    return None
+
+
 def _folder_plugin(host: PluginHost, folder: Path) -> str | None:
-    pipeline = model_index(folder).get("_class_name")
+    pipeline = _folder_pipeline(host, folder)
     return host.registries.pipelines.plugin_of(pipeline) if pipeline in host.registries.pipelines else None
 
 

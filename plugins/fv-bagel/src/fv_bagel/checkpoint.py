@@ -95,11 +95,25 @@ def vit_config(folder: Path) -> Any:
     return config
 
 
-def tensor_shapes(path: Path) -> dict[str, list[int]]:
-    """Each tensor's shape from a safetensors header (nothing else is read)."""
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """Each tensor's ``dtype`` and ``shape`` from a safetensors header (nothing else is read)."""
     with path.open("rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+    return {k: v for k, v in header.items() if k != "__metadata__"}
+
+
+def tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """Each tensor's shape from a safetensors header."""
+    return {k: v["shape"] for k, v in safetensors_header(path).items()}
+
+
+def table_sides(shapes: dict[str, list[int]]) -> dict[str, int]:
+    """The sides of the frozen sin-cos position tables: from the file when it holds them, else BAGEL's
+    (app.py)."""
+    return {
+        name: math.isqrt(shapes[f"{name}.pos_embed"][0]) if f"{name}.pos_embed" in shapes else default
+        for name, default in TABLES.items()
+    }
 
 
 def load_net(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
@@ -116,11 +130,7 @@ def load_net(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
             "Fix: use BAGEL-7B-MoT's ema.safetensors."
         )
     latent_dim = shapes["vae2llm.weight"][1]
-    # the frozen sin-cos tables: their size from the file when it holds them, else BAGEL's (app.py)
-    sides = {
-        name: math.isqrt(shapes[f"{name}.pos_embed"][0]) if f"{name}.pos_embed" in shapes else default
-        for name, default in TABLES.items()
-    }
+    sides = table_sides(shapes)
     llm, vit = llm_config(folder), vit_config(folder)
     with torch.device("meta"):
         net = BagelNet(

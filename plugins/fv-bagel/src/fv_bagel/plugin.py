@@ -15,3 +15,8 @@ CARDS = {
 def fv_register_cards(register) -> None:
     for model_id, factory in CARDS.items():
         register(model_id, factory)
+
+
+@hookimpl
+def fv_register_pipelines(register) -> None:
+    register("Bagel", "fv_bagel.folder:BagelFolder")  # a folder in the published layout (no model_index.json)
