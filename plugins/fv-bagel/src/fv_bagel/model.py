@@ -23,8 +23,7 @@ import torch
 from fv_bagel.checkpoint import check_layout, llm_config, load_net, load_tokenizer, vit_config
 from fv_core import ConfigError, ModelCard
 from fv_core.kv import PagedKVPool
-from fv_core.live_weights import SyncableComponents
-from fv_core.weights import file_fingerprint
+from fv_core.weights import SyncableComponents, file_fingerprint
 
 _IDS = itertools.count()
 KV_PAGE = 16  # tokens per KV page

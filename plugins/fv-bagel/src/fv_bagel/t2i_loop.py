@@ -239,7 +239,7 @@ class ImageLoop(PrefillLoop):
     def finalize(self, state: LoopState) -> LoopResult:
         self.release(state)
         s = DenoiseState.of(state)
-        outputs = {"frames": state.tensors["frames"], "latents": state.tensors["latents"]}
+        outputs: dict[str, Any] = {"frames": state.tensors["frames"], "latents": state.tensors["latents"]}
         if s.thinking is not None:
             outputs["text"] = s.thinking  # think-t2i: the plan the image was made from
         return LoopResult(
