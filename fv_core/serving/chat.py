@@ -8,15 +8,25 @@ become the request's parts in order, and the last user text is its prompt. Image
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import re
+import secrets
+import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
+
 from fv_core.errors import ConfigError
 from fv_core.request import Part, TextPart, image_part
+from fv_core.serving.bodies import drop_ignored, read_body, validate
+from fv_core.serving.errors import ApiError, failure
 from fv_core.serving.schemas import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -27,9 +37,107 @@ from fv_core.serving.schemas import (
     ImageContent,
     Usage,
 )
+from fv_core.serving.submission import Jobs, pick_task, prepare
 
 DATA_URL = re.compile(r"^data:image/[\w.+-]+;base64,(?P<data>.*)$", re.DOTALL)
 FINISH = {"eos": "stop", "stop": "stop", "max_tokens": "length"}  # the loop's stop reason -> OpenAI's
+Delta = str | dict[str, Any]  # a chat's text as it is made: text deltas, then its result's metrics
+
+
+class Chats(Jobs):
+    """Chat completions: queued, then their text followed delta by delta."""
+
+    async def chat(self, body: ChatCompletionCreate) -> tuple[str, str]:
+        """Queue a chat completion; returns (served model name, engine request id)."""
+        self.check_taking_jobs()
+        served = self.model(body.model)
+        task = pick_task(served, None, "text")
+        try:
+            parts, prompt = await asyncio.to_thread(conversation, body.messages)  # decodes the images
+        except ConfigError as exc:
+            raise ApiError(400, str(exc), "invalid_request", exc.param) from None
+        raw = {**params(body), "prompt": prompt}
+        raw.setdefault("seed", secrets.randbelow(2**31))
+        request = prepare(served, raw, task, body.plugin_options, tuple(parts))
+        rid = await self.submit(served, request)
+        self.metrics.requests.labels(served.name, "chat").inc()
+        return served.name, rid
+
+    async def chat_text(self, rid: str, model: str) -> AsyncIterator[Delta]:
+        """A chat's text deltas as they are made, then its result's metrics. A failure before the first
+        token raises the ApiError (so the answer is a 4xx, not a broken stream); closing the iterator
+        early (the client left) cancels the request at its next step."""
+        start, status, ended = time.monotonic(), "failed", False
+        events = self.events(rid, model, start)
+        try:
+            async for event in events:
+                if event.kind == "partial":
+                    yield event.data["delta"]
+            ended = True
+            result = await self.engine.result(rid)
+            status = "completed"
+            yield result.metrics
+        except Exception as exc:
+            raise failure(exc, "chat completion", self.metrics) from None
+        finally:
+            await events.aclose()
+            if not ended:  # the client went away mid-stream
+                status = "cancelled"
+                self.engine.cancel(rid, "the client went away")
+                self.spawn(self._settle(rid))
+            self.metrics.jobs.labels(model, status).inc()
+            self.metrics.latency.labels(model, status).observe(time.monotonic() - start)
+
+    async def _settle(self, rid: str) -> None:
+        """Collect an abandoned request's outcome so the engine forgets it."""
+        with contextlib.suppress(Exception):
+            await self.engine.result(rid)
+
+
+def _chats(request: Request) -> Chats:
+    return request.app.state.service
+
+
+def router() -> APIRouter:
+    """The chat completion route."""
+    router = APIRouter()
+
+    @router.post(
+        "/chat/completions",
+        response_model=ChatCompletion,
+        responses={200: {"content": {"text/event-stream": {}}}},
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+            "schema": ChatCompletionCreate.model_json_schema()}}}},
+    )  # fmt: skip
+    async def chat_completions(
+        request: Request, response: Response, chats: Chats = Depends(_chats)
+    ) -> ChatCompletion | StreamingResponse:
+        """OpenAI's chat completion; ``stream: true`` answers server-sent chunks ending with ``[DONE]``."""
+        body = validate(ChatCompletionCreate, drop_ignored(await read_body(request), response))
+        model, rid = await chats.chat(body)
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        text = chats.chat_text(rid, model)
+        # bad input the loop finds (a prompt over the context) is a 4xx, not a stream
+        first = await anext(text)
+        if body.stream:
+            include = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(
+                sse(cid, created, model, _prepend(first, text), include),
+                media_type="text/event-stream",
+                headers={**response.headers, "cache-control": "no-cache"},  # the ignored-fields header
+            )
+        pieces = [first] + [item async for item in text]
+        metrics = pieces.pop()
+        assert isinstance(metrics, dict), "chat_text ends with the result's metrics"
+        return completion(cid, created, model, "".join(map(str, pieces)), metrics)
+
+    return router
+
+
+async def _prepend(first: Delta, rest: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    yield first
+    async for item in rest:
+        yield item
 
 
 def conversation(messages: list[ChatMessage]) -> tuple[list[Part], str]:
@@ -122,7 +230,7 @@ def completion(cid: str, created: int, model: str, text: str, metrics: dict[str,
 
 
 async def sse(
-    cid: str, created: int, model: str, deltas: AsyncIterator[str | dict[str, Any]], include_usage: bool
+    cid: str, created: int, model: str, deltas: AsyncIterator[Delta], include_usage: bool
 ) -> AsyncIterator[str]:
     """Server-sent events of a streamed completion: the role, each text delta, the finish reason, the
     usage when asked, then ``[DONE]``. ``deltas`` yields text, then the result's metrics (a dict)."""

@@ -9,7 +9,7 @@ mode turns ``"5"`` into 5.
 from __future__ import annotations
 
 from copy import copy
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -87,7 +87,10 @@ IGNORED_FIELDS = frozenset(
 )
 
 
-def with_params(base: type[Strict], params: list[type[BaseModel]], name: str) -> type[Strict]:
+Base = TypeVar("Base", bound=Strict)
+
+
+def with_params(base: type[Base], params: list[type[BaseModel]], name: str) -> type[Base]:
     """``base`` plus every field of ``params`` (the served cards' Params), optional: an omitted field
     takes the card's default. Its OpenAPI schema is the derived request contract."""
     fields: dict[str, Any] = {}

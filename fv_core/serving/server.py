@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from types import FrameType
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+
+from fv_core.serving.service import Service
 
 log = logging.getLogger("fv.serving")
 
@@ -24,7 +27,7 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
 
-    async def serve(self, sockets: Any = None) -> None:
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
@@ -36,7 +39,7 @@ class DrainingServer(uvicorn.Server):
         self._draining = True
         asyncio.run_coroutine_threadsafe(self._drain(service), self._loop)
 
-    async def _drain(self, service: Any) -> None:
+    async def _drain(self, service: Service) -> None:
         grace = service.deploy.shutdown_grace_s
         log.warning("draining: new jobs answer 503; %d in flight get up to %g s", len(service.live), grace)
         await service.drain()

@@ -19,9 +19,11 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 import numpy as np
+
+from fv_core.serving.media import encode_png
+from fv_core.serving.schemas import Video
 
 
 @dataclass
@@ -34,8 +36,6 @@ class VideoChunks:
 
     async def add(self, frames: np.ndarray) -> None:
         """A chunk's frames ``[F, H, W, 3]`` in 0..1 (encoded off the event loop)."""
-        from fv_core.serving.service import encode_png
-
         pngs = await asyncio.to_thread(lambda: [base64.b64encode(encode_png(f)).decode() for f in frames])
         async with self.changed:
             self.chunks.append(pngs)
@@ -64,7 +64,7 @@ class VideoChunks:
                 return
 
 
-async def events(video_id: str, chunks: VideoChunks | None, final: Callable[[], Any]) -> AsyncIterator[str]:
+async def events(video_id: str, chunks: VideoChunks | None, final: Callable[[], Video]) -> AsyncIterator[str]:
     """The SSE body: every chunk (none when the job is not running here), then ``final()``'s job."""
     if chunks is not None:
         async for index, first, frames in chunks.follow():

@@ -217,7 +217,7 @@ def test_unknown_route_and_method(server):
 
 def test_uploaded_references_decode_to_image_parts():
     from fv_core.request import image_part
-    from fv_core.serving.service import encode_png
+    from fv_core.serving.media import encode_png
 
     frame = np.random.default_rng(0).random((18, 24, 3)).astype(np.float32)
     image = image_part(encode_png(frame)).image

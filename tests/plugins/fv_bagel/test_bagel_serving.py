@@ -110,7 +110,7 @@ def test_images_generations_with_think_returns_the_thinking(client, bagel):
 
 
 def _png_of(image: np.ndarray) -> bytes:
-    from fv_core.serving.service import encode_png
+    from fv_core.serving.media import encode_png
 
     return encode_png(image)
 
