@@ -290,7 +290,7 @@ def vae_round_trip(model, clips: int = 24) -> dict[str, float]:
     from fv_train_flow import shapes
     from fv_train_flow.detect import detect
     from fv_wan import conditioning
-    from fv_wan.loop import decode_body
+    from fv_wan.bodies import decode_body
 
     vae, gen = model.instance.component("vae"), torch.Generator().manual_seed(0)
     right = {"early": 0, "late": 0}

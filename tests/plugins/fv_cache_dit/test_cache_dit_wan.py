@@ -18,7 +18,7 @@ from fv_core.extend import BaseObserver
 from fv_core.parity import compare_results
 from fv_core.runtime import Engine
 from fv_wan.cards import fastwan_1_3b
-from fv_wan.loop import WanLoop
+from fv_wan.t2v_loop import WanLoop
 from fv_wan.tiny import tiny_weights
 
 PROMPTS = ["a cat running in the forest", "a red car in the city at night", "a boat on the lake"]

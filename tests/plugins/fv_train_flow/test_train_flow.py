@@ -67,7 +67,7 @@ def test_train_forward_equals_serve_forward_bit_for_bit(trained):
     ema = method.roles[Role.EMA]
     with torch.no_grad():
         text = method.adapter.conditioning(["a blue square moving up"], ema["text_encoder"])
-        from fv_wan.loop import text_kv_body
+        from fv_wan.bodies import text_kv_body
 
         kv = text_kv_body(ema["transformer"], {"text": text})["kv"]
     # the serve plan holds the prompt's keys/values folded: each row's positions up to its padding

@@ -19,10 +19,12 @@ from fv_core.kv import KVSeq, PagedKVPool
 from fv_core.parity import check_batched_parity
 from fv_core.runtime import Engine
 from fv_core.testing import CardContract
-from fv_wan import causal
-from fv_wan.causal import CausalWanModel, drop_tokens, evict, recompute_generate, window_after
+from fv_wan import causal_transformer as causal
+from fv_wan.bodies import decode_body
 from fv_wan.causal_loop import CausalWanLoop
-from fv_wan.loop import decode_body
+from fv_wan.causal_reference import recompute_generate
+from fv_wan.causal_window import drop_tokens, evict, window_after
+from fv_wan.model import CausalWanModel
 
 CAUSAL = "wan2.1-t2v-tiny-causal"
 

@@ -14,7 +14,8 @@ from fv_core.extend import BLOCKS_INPUT
 from fv_core.loop.runner import run_plan
 from fv_core.runtime import Engine
 from fv_core.runtime.batching import padded
-from fv_wan.loop import WanLoop, denoise_body
+from fv_wan.bodies import denoise_body
+from fv_wan.t2v_loop import WanLoop
 from fv_wan.transformer import folded_text_kv, text_kv
 
 

@@ -7,7 +7,7 @@ from wan_support import request, tiny_instance
 from fv_core.parity import assert_interleave_parity, check_batched_parity
 from fv_core.runtime import Engine
 from fv_wan.cards import fastwan_1_3b
-from fv_wan.loop import WanLoop
+from fv_wan.t2v_loop import WanLoop
 
 
 def test_interleave_gate_mixed_requests(tiny_model, tiny_path):

@@ -11,8 +11,9 @@ from wan_support import request, run, tiny_instance
 from fv_core.errors import AdmissionInfeasible
 from fv_core.runtime import Budget, Engine
 from fv_core.runtime.admission import resident_bytes
-from fv_wan import loop as loop_module
-from fv_wan.loop import WanLoop, decode_body, decoded_row_bytes
+from fv_wan import bodies as loop_module
+from fv_wan.bodies import decode_body, decoded_row_bytes
+from fv_wan.t2v_loop import WanLoop
 from fv_wan.transformer import text_kv
 
 

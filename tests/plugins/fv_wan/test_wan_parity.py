@@ -8,7 +8,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 from wan_support import BASE, NEGATIVE, PROMPT, run
 
-from fv_wan.loop import decode_body, encode_body
+from fv_wan.bodies import decode_body, encode_body
 from fv_wan.samplers import FlowEuler, Schedule, UniPC
 from fv_wan.tiny import WAN_SCHEDULER_CONFIG
 from fv_wan.transformer import wan_forward

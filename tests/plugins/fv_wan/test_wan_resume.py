@@ -6,7 +6,7 @@ import torch
 from wan_support import request
 
 from fv_core.loop import LoopContext, LoopRunner, load_state, run_plan, save_state
-from fv_wan.loop import WanLoop
+from fv_wan.t2v_loop import WanLoop
 
 
 def test_resume_from_saved_state_is_bit_identical(tiny_model, tmp_path):

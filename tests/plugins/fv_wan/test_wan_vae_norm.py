@@ -7,7 +7,7 @@ import pytest
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
 
-from fv_wan.loop import decode_body
+from fv_wan.bodies import decode_body
 from fv_wan.vae_norm import BatchRMSNorm
 
 

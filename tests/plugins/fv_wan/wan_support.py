@@ -10,8 +10,8 @@ from fv_core import LoadedModel, Request
 from fv_core.runtime import Engine
 from fv_wan.cards import wan_tiny
 from fv_wan.folder import WanFolder
-from fv_wan.loop import WanLoop
 from fv_wan.model import WanModel
+from fv_wan.t2v_loop import WanLoop
 
 PROMPT = "a cat running in the forest"
 NEGATIVE = "blurry low quality"

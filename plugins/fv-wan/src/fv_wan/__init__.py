@@ -5,9 +5,9 @@ diffusers layout. Training methods reach Wan only through ``fv_core.training.tra
 (``fv_wan.training.WanTrainAdapter``), never by importing this package.
 """
 
+from fv_wan.bodies import decode_body, denoise_body, encode_body, text_kv_body
 from fv_wan.checkpoint import load_component
 from fv_wan.generate import card, generate, load
-from fv_wan.loop import decode_body, denoise_body, encode_body, text_kv_body
 from fv_wan.tiny import WAN_SCHEDULER_CONFIG, word_tokenizer, write_pipeline_files
 
 __all__ = [

@@ -10,7 +10,7 @@ steps (an AR_PREFILL step). Its every block's keys/values then go into the reque
 instance's paged KV pool, after the rolling window has dropped the oldest frames after the sinks to
 make room (whole pages when frames fill whole pages, else a copy of the kept tokens).
 
-A chunk pass is one body (:func:`fv_wan.causal.chunk_body`) for both kinds: its inputs are the chunk's
+A chunk pass is one body (:func:`fv_wan.causal_transformer.chunk_body`) for both kinds: its inputs are the chunk's
 latents, timestep, per-frame RoPE and its context gathered from the pool, padded to a power-of-two
 number of frames (at most the window) with a mask of real tokens, so passes of different requests
 with equal chunk shapes and context buckets batch as rows. The final video is the chunks' frames in
@@ -24,103 +24,22 @@ from typing import Any
 
 import torch
 
-from fv_core import (
-    BatchKey,
-    ConfigError,
-    Done,
-    LoopKind,
-    LoopResult,
-    LoopState,
-    StepResult,
-    WorkPlan,
-    WorkUnitKind,
-)
+from fv_core import ConfigError, Done, LoopKind, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind
 from fv_core.extend import KV_INPUT
 from fv_core.kv import KVSeq, PagedKVPool
-from fv_wan.causal import (
-    CausalWanModel,
-    CausalWanParams,
-    chunk_body,
-    chunk_decode_body,
-    chunk_schedule,
-    drop_tokens,
-    evict,
-    frame_rope,
-    renoise,
-    shifted,
-)
-from fv_wan.loop import WanLoop
+from fv_core.loop import batch_key, pinned_module
+from fv_wan.bodies import chunk_decode_body
+from fv_wan.causal_transformer import chunk_body, frame_rope
+from fv_wan.causal_window import cache_layout, context_frames, drop_tokens, evict, policy_evict, runs
+from fv_wan.model import CausalWanModel
+from fv_wan.params import CausalWanParams
+from fv_wan.samplers import chunk_schedule, renoise, shifted
 from fv_wan.sessions import SHAPE
+from fv_wan.t2v_loop import WanLoop
+from fv_wan.text_cache import cached_kv
 from fv_wan.variant import HIGH_NOISE
 
 DIT = HIGH_NOISE  # the transformer component
-
-
-def context_frames(cached: int, window: int) -> int:
-    """Frames a chunk pass's context is padded to: the next power of two of ``cached`` (at most the
-    window), so contexts of nearby lengths share a batch key; 0 for an empty cache."""
-    if cached == 0:
-        return 0
-    size = 1
-    while size < cached:
-        size *= 2
-    return min(size, window)
-
-
-def cache_layout(
-    frames: list[int], chunk_frames: int, sink: int, tokens_per_frame: int, size: int, room: int, device
-) -> dict[str, torch.Tensor]:
-    """The cache's blocks as a KV policy reads them (one row on ``device``; ``fv_core.extend.KVPolicy``):
-    the slot of each of the ``size`` context tokens, each slot's block index, frames and sink flag, and
-    ``room``."""
-    slots = size // tokens_per_frame
-    blocks: list[int] = []
-    counts: list[int] = []
-    for f in frames:
-        if not blocks or blocks[-1] != f // chunk_frames:
-            blocks.append(f // chunk_frames)
-            counts.append(0)
-        counts[-1] += 1
-    of_token = [i for i, c in enumerate(counts) for _ in range(c * tokens_per_frame)]
-    pad = slots - len(blocks)
-    rows = {
-        "kv_slots": [of_token + [-1] * (size - len(of_token))],
-        "kv_blocks": [blocks + [-1] * pad],
-        "kv_frames": [counts + [0] * pad],
-        "kv_sinks": [[b * chunk_frames < sink for b in blocks] + [False] * pad],
-        "kv_room": [room],
-    }
-    kinds = {"kv_sinks": torch.bool}
-    return {
-        name: torch.tensor(row, dtype=kinds.get(name, torch.long), device=device)
-        for name, row in rows.items()
-    }
-
-
-def policy_evict(
-    frames: list[int], chunk_frames: int, window: int, blocks: list[int]
-) -> tuple[list[int], list[int]]:
-    """The frames kept and dropped when a KV policy evicts ``blocks`` (of ``chunk_frames`` frames each);
-    it must leave room for a chunk under ``window``."""
-    dropped = [f for f in frames if f // chunk_frames in blocks]
-    kept = [f for f in frames if f // chunk_frames not in blocks]
-    if len(kept) + chunk_frames > window:
-        raise RuntimeError(
-            f"the KV policy evicted blocks {blocks}, leaving {len(kept)} cached latent frames: with {chunk_frames} more "
-            f"they pass the budget of window_frames={window}. A KV policy must evict down to the budget."
-        )
-    return kept, dropped
-
-
-def runs(indices: list[int]) -> list[tuple[int, int]]:
-    """Sorted ``indices`` as contiguous ``[start, end)`` runs."""
-    out: list[tuple[int, int]] = []
-    for i in indices:
-        if out and out[-1][1] == i:
-            out[-1] = (out[-1][0], i + 1)
-        else:
-            out.append((i, i + 1))
-    return out
 
 
 class CausalWanLoop(WanLoop):
@@ -139,11 +58,6 @@ class CausalWanLoop(WanLoop):
 
     def init(self, request, instance=None, ctx=None) -> LoopState:
         p = request.params
-        if not isinstance(p, CausalWanParams):
-            raise ConfigError(
-                f"request {request.request_id!r} carries {type(p).__name__} params, not CausalWanParams. "
-                "Fix: build requests with LoadedModel.prepare on a causal card."
-            )
         state = super().init(request, instance, ctx)
         inst, t, v = self.instance, state.tensors, state.values
         fixed = inst.card.loops[state.loop_id].steps.fixed_timesteps
@@ -216,7 +130,7 @@ class CausalWanLoop(WanLoop):
             return "init"  # WanLoop.init asks before this loop's init has set the chunks up
         if "text" not in t:
             return "encode"
-        if f"kv.{DIT}" not in t and not self._cached_kv(state, DIT):
+        if f"kv.{DIT}" not in t and not cached_kv(self.instance, state, DIT):
             v["kv_for"] = DIT
             return "text_kv"
         if v["chunk"] >= v["chunks"]:
@@ -264,7 +178,7 @@ class CausalWanLoop(WanLoop):
             "max_cached_frames": v["max_cached_frames"],
             "session": v["session"],  # the session it continued (None: a video of its own)
             "first_latent_frame": v["offset"],  # of the session's video
-            "kernels": {"attention": "sdpa (block-causal, fv_wan.causal)"},
+            "kernels": {"attention": "sdpa (block-causal, fv_wan.causal_transformer)"},
             "weights_versions": dict(v.get("weights_versions", {})),
         }
         return LoopResult({"frames": t["frames"], "latents": t["latents"]}, metrics)
@@ -323,7 +237,7 @@ class CausalWanLoop(WanLoop):
             latents, timestep = t["context"], v["context_sigma"] * v["train_steps"]
         else:
             latents, timestep = t["x"], float(t["timesteps"][s])
-        transformer = inst.component(DIT, self._pin(state, DIT))
+        transformer = pinned_module(inst, state, DIT)
         pool, seq = inst.kv_pool, KVSeq(**v["seq"])
         tpf = v["tokens_per_frame"]
         ctx = pool.gather([seq], context_frames(len(v["cache_frames"]), v["window"]) * tpf)
@@ -350,14 +264,14 @@ class CausalWanLoop(WanLoop):
             body=partial(chunk_body, transformer),
             inputs=inputs,
             # denoise steps and cache writes are one body: either batches with the other
-            batch_key=BatchKey(self._on(state, DIT), LoopKind.CHUNK_ROLLOUT.value, shape_sig, precision),
+            batch_key=batch_key(inst, state, DIT, LoopKind.CHUNK_ROLLOUT.value, shape_sig, precision),
             cost_s=cost.base_s + cost.per_token_s * tokens,
             label=label,
         )
 
     def _decode_plan(self, state: LoopState) -> WorkPlan:
         v = state.values
-        vae = self.instance.component("vae", self._pin(state, "vae"))
+        vae = pinned_module(self.instance, state, "vae")
         return WorkPlan(
             kind=WorkUnitKind.VAE_TILE,
             body=partial(chunk_decode_body, vae),

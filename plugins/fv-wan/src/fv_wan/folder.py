@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fv_core import ModelCard, StepCostModel, WeightsError
-from fv_wan.cards import I2V_TASKS, T2V_TASKS, TI2V_TASKS, base_card
+from fv_wan.card_builder import I2V_TASKS, T2V_TASKS, TI2V_TASKS, Row, Size, build
 from fv_wan.checkpoint import OPTIONAL_COMPONENTS, component_dir, listed_components
 from fv_wan.variant import WanVariant
 
@@ -56,22 +56,16 @@ class WanFolder:
         blocks, width = dit["num_layers"], dit["num_attention_heads"] * dit["attention_head_dim"]
         variant = WanVariant.of(folder)
         tasks = {"none": T2V_TASKS, "concat": I2V_TASKS, "first_frame": TI2V_TASKS}[variant.conditioning]
-        return WanFolder.bind(
-            base_card(
-                f"wan:{folder.name}",
-                f"Wan checkpoint at {folder} ({blocks} blocks, width {width}, {variant.conditioning} image "
-                f"conditioning, experts {list(variant.experts)}); card built from its configs.",
-                StepCostModel(base_s=1e-4 * blocks, per_token_s=1e-9 * blocks * width),
-                tasks=tasks,
-                optional=tuple(n for n in listed_components(folder) if n in OPTIONAL_COMPONENTS),
-                defaults={},
-                config=architecture_of(variant),
-                max_frames=None,
-                max_resolution=None,
-                kv_capacity=256,  # entries; the text_kv byte budget binds first
-            ),
-            folder,
+        cost = StepCostModel(base_s=1e-4 * blocks, per_token_s=1e-9 * blocks * width)
+        row = Row(
+            f"wan:{folder.name}",
+            f"Wan checkpoint at {folder} ({blocks} blocks, width {width}, {variant.conditioning} image "
+            f"conditioning, experts {list(variant.experts)}); card built from its configs.",
+            Size(architecture_of(variant), cost, None, None, kv_capacity=256),  # the byte budget binds first
+            tasks=tasks,
+            optional=tuple(n for n in listed_components(folder) if n in OPTIONAL_COMPONENTS),
         )
+        return WanFolder.bind(build(row), folder)
 
     @staticmethod
     def bind(card: ModelCard, folder: Path) -> ModelCard:

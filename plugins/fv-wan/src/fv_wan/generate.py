@@ -6,17 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import fv_core
-from fv_core import LoadedModel, ModelCard, UnknownKeyError
-from fv_core.card.assemble import complete_card
-from fv_wan.cards import CARDS
+from fv_core import LoadedModel, ModelCard
+from fv_core.card import complete_card
+from fv_wan import cards
 
 
 def card(card_id: str) -> ModelCard:
-    """The fv-wan card ``card_id``; unknown ids list the available ones."""
-    cards = {factory().model_id: factory for factory in CARDS}
-    if card_id not in cards:
-        raise UnknownKeyError(f"unknown model {card_id!r}. Available: {sorted(cards)}")
-    return complete_card(cards[card_id]())
+    """The fv-wan card ``card_id`` with its default kernels, validated; unknown ids list the available ones."""
+    return complete_card(cards.card(card_id))
 
 
 def load(model: str | Path, weights: str | Path | None = None, **kw: Any) -> LoadedModel:

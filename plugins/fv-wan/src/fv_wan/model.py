@@ -12,12 +12,15 @@ self-attention and is reported, with the path each result took, in its metrics.
 Weight sync (``fv_core.training.sync_weights``) comes from the core's ``SyncableComponents``:
 requests pin every component's version at init and look components up by version, so a replaced
 module stays resident while a running request uses it.
+
+``CausalWanModel`` adds causal Wan's paged KV pool (its chunks' keys/values) and open sessions.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,13 +29,15 @@ import torch
 
 from fv_core import CacheContract, ConfigError, FeatureCache, ModelCard
 from fv_core.cache import RepeatedTail
-from fv_core.live_weights import SyncableComponents
-from fv_core.weights import weights_fingerprint
+from fv_core.kv import PagedKVPool
+from fv_core.weights import SyncableComponents, weights_fingerprint
 from fv_wan.attention import describe, grid_of, install
 from fv_wan.checkpoint import check_layout, load_component, load_scheduler_config
+from fv_wan.sessions import DEFAULT_TTL_S, Sessions
 from fv_wan.variant import WanVariant
 
 _IDS = itertools.count()
+DEFAULT_KV_BYTES = 64 << 20  # a causal card's KV pool budget when its causal_kv cache names none
 
 
 class WanModel(SyncableComponents):
@@ -161,3 +166,78 @@ def _cache(contract: CacheContract, **codec: Any) -> FeatureCache:
 def _reserve(cache: FeatureCache) -> int:
     """A cache's share of resident bytes: its budget, or what it holds when it has none."""
     return cache.nbytes if cache.max_bytes is None else cache.max_bytes
+
+
+class CausalWanModel(WanModel):
+    """A Wan instance whose causal loops keep their chunks' keys/values in a paged KV pool (the card's
+    ``causal_kv`` byte budget, allocated whole on first use and counted in the resident bytes)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        v = self.variant
+        if v.conditioning != "none" or len(v.experts) > 1 or v.patch[0] != 1:
+            raise ConfigError(
+                f"card {self.card.model_id!r} runs causal Wan on {str(self.weights)!r}, a folder with "
+                f"{v.conditioning!r} image conditioning, experts {list(v.experts)} and patch {v.patch}; causal "
+                "Wan runs a text-to-video transformer with one expert and one latent frame per patch (Wan2.1 "
+                "T2V). Fix: load a Wan2.1 T2V folder."
+            )
+        self._pool: PagedKVPool | None = None
+        self._pool_lock = threading.Lock()
+        self._sessions: Sessions | None = None
+
+    @property
+    def sessions(self) -> Sessions:
+        """The open sessions (videos continued across requests) over the KV pool."""
+        pool = self.kv_pool
+        with self._pool_lock:
+            if self._sessions is None:
+                self._sessions = Sessions(pool)
+            return self._sessions
+
+    def open_session(self, ttl_s: float = DEFAULT_TTL_S) -> str:
+        """A new session's id: requests with ``session_id`` continue one video, chunk after chunk."""
+        return self.sessions.open(ttl_s)
+
+    @property
+    def rope_frames(self) -> int:
+        """Latent frames Wan's rope table places (a session's video can grow up to it)."""
+        return int(self.component("transformer").rope.max_seq_len)
+
+    def close_session(self, session_id: str) -> bool:
+        """Close a session and return its pages (False: it was not open)."""
+        return self.sessions.close(session_id)
+
+    @property
+    def kv_budget(self) -> int:
+        cache = self.card.caches.get("causal_kv")
+        return (cache.max_bytes if cache is not None else None) or DEFAULT_KV_BYTES
+
+    @property
+    def kv_pool(self) -> PagedKVPool:
+        """The pool of every causal request's cached keys/values (pages of ``page_size`` tokens)."""
+        with self._pool_lock:
+            if self._pool is None:
+                config = json.loads((self.weights / "transformer" / "config.json").read_text())
+                self._pool = PagedKVPool(
+                    int(config["num_layers"]),
+                    int(config["num_attention_heads"]),
+                    int(config["attention_head_dim"]),
+                    page_size=self.page_size,
+                    max_bytes=self.kv_budget,
+                    dtype=self.dtype,
+                    device=self.device,
+                )
+            return self._pool
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per page: a divisor of the tokens of one latent frame at the card's default size (at most
+        256), so dropping whole frames from a window returns whole pages."""
+        defaults = next(iter(self.card.programs.values())).defaults
+        step = self.variant.spatial_scale * 2  # VAE x scale, patch x 2
+        tokens = (int(defaults.get("height", 480)) // step) * (int(defaults.get("width", 832)) // step)
+        return math.gcd(max(tokens, 1), 256)
+
+    def resident_bytes(self) -> int:
+        return super().resident_bytes() + self.kv_budget

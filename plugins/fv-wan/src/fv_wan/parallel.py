@@ -5,7 +5,7 @@ then ``uncond``; batched CFG gives one forward over rows ``[cond, uncond]`` per 
 ranks split by rows; no CFG gives ``main``. The cfg rank ``c`` runs forwards ``c, c + cfg, ...``; inside
 one, :mod:`fv_wan.transformer` shards the tokens and :mod:`fv_wan.attention` swaps to head shards
 around self-attention. Sequence rank 0 of each cfg rank returns its outputs; rank 0 puts them back
-into the shape :func:`fv_wan.loop.denoise_body` returns, so the loop cannot tell the difference.
+into the shape :func:`fv_wan.bodies.denoise_body` returns, so the loop cannot tell the difference.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The request parameters of Wan's text-to-video loop, declared once.
+"""The request parameters of Wan's loops, declared once: ``WanParams`` (text/image to video) and
+``CausalWanParams`` (causal Wan's chunks and KV window).
 
 Names follow diffusers' ``WanPipeline.__call__`` (and the server's JSON); every card sets
 their defaults (``fv cards --json`` prints them); ``check`` holds the rules that depend on
@@ -93,4 +94,44 @@ class WanParams(VariationParams):
                 f"card {card.model_id!r} ({card.recipe.method}) loop {loop_id!r} runs samplers {samplers}, "
                 f"not {self.sampler!r}. Fix: use sampler={samplers[0]!r}",
                 param="sampler",
+            )
+
+
+class CausalWanParams(WanParams):
+    """One causal Wan generation: Wan's parameters plus the chunking and the KV window (the card
+    sets every default; the chunk size and context timestep are what its weights were trained for)."""
+
+    chunk_frames: int = Field(ge=1, le=64, description="latent frames denoised together (one chunk)")
+    context_timestep: int = Field(
+        ge=0, le=1000, description="timestep at which a finished chunk is re-run into the KV cache"
+    )
+    window_frames: int = Field(ge=1, description="latent frames the KV cache holds at most (rolling window)")
+    sink_frames: int = Field(ge=0, description="first latent frames the rolling window always keeps")
+    session_id: str | None = Field(
+        None, max_length=64, description="continue this open session's video (its frames, cache and window)"
+    )
+
+    def check(self, card: ModelCard, loop_id: str) -> None:
+        super().check(card, loop_id)
+        if self.guidance_scale != 1.0:
+            raise ConfigError(
+                f"guidance_scale={self.guidance_scale}: the causal loop runs no CFG (its weights are "
+                "distilled to sample without it). Fix: use guidance_scale=1.0",
+                param="guidance_scale",
+            )
+        latent = (self.num_frames - 1) // 4 + 1
+        if latent % self.chunk_frames:
+            fit = max(1, latent // self.chunk_frames) * self.chunk_frames
+            raise ConfigError(
+                f"num_frames={self.num_frames} makes {latent} latent frames, not a multiple of "
+                f"chunk_frames={self.chunk_frames}: every chunk holds chunk_frames latent frames. Fix: use "
+                f"num_frames={(fit - 1) * 4 + 1}",
+                param="num_frames",
+            )
+        if self.sink_frames + self.chunk_frames > self.window_frames:
+            raise ConfigError(
+                f"window_frames={self.window_frames} cannot hold sink_frames={self.sink_frames} plus a chunk of "
+                f"chunk_frames={self.chunk_frames}: the window keeps the sinks and makes room for each new "
+                f"chunk. Fix: use window_frames>={self.sink_frames + self.chunk_frames}",
+                param="window_frames",
             )

@@ -265,3 +265,29 @@ def make_sampler(name: str, config: dict[str, Any], fixed_timesteps: list[int] |
     if name not in SAMPLERS:
         raise ConfigError(f"unknown sampler {name!r}. Fix: use one of {sorted([*SAMPLERS, 'dmd'])}")
     return SAMPLERS[name](config)
+
+
+# ---- causal Wan's few-step schedule, run per chunk (fv_wan.causal_loop) ----
+
+
+def shifted(timestep: float, shift: float, train_steps: int = 1000) -> float:
+    """A timestep under the flow shift, as a noise level sigma in 0..1."""
+    s = timestep / train_steps
+    return shift * s / (1 + (shift - 1) * s)
+
+
+def chunk_schedule(
+    fixed: list[int], shift: float, train_steps: int = 1000
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed denoise timesteps of every chunk under the flow shift: the model's timesteps [steps]
+    and the sigmas [steps + 1] ending at 0 (Self-Forcing's warped few-step list)."""
+    sigmas = torch.tensor([shifted(t, shift, train_steps) for t in fixed] + [0.0], dtype=torch.float32)
+    return sigmas[:-1] * train_steps, sigmas
+
+
+def renoise(x0: torch.Tensor, sigma: float, generator: torch.Generator | None) -> torch.Tensor:
+    """``x0`` noised to flow level ``sigma`` with fresh noise from the request's generator (x0 at 0)."""
+    if sigma == 0:
+        return x0
+    noise = torch.randn(x0.shape, generator=generator, dtype=x0.dtype).to(x0.device)  # a CPU generator
+    return (1 - sigma) * x0 + sigma * noise

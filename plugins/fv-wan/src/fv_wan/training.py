@@ -7,7 +7,7 @@ the server's forward. Text-to-video only (no image conditioning, one expert).
 
 Causal methods (self-forcing) get the causal loop's pieces too: its per-chunk schedule
 (:meth:`WanTrainAdapter.causal_schedule`), the prompt's text keys/values (:meth:`WanTrainAdapter.text_kv`)
-and one chunk pass (:meth:`WanTrainAdapter.chunk_velocity`) running ``fv_wan.causal.chunk_body`` over a
+and one chunk pass (:meth:`WanTrainAdapter.chunk_velocity`) running ``fv_wan.causal_transformer.chunk_body`` over a
 :class:`ChunkContext`: the rolling window of earlier chunks' keys/values held in tensors, padded and masked
 exactly as ``CausalWanLoop`` gathers them from its KV pool, so a training rollout's chunk forward is the
 served one.
@@ -27,10 +27,12 @@ import torch
 from fv_core import ConfigError, LoadedModel, WorkPlan, WorkUnitKind
 from fv_core.training import run_body
 from fv_core.weights import SHARED_KEY, component_folder
-from fv_wan.causal import chunk_body, chunk_schedule, evict, frame_rope
-from fv_wan.causal_loop import context_frames
+from fv_wan.bodies import decode_body, denoise_body, encode_body, text_kv_body
+from fv_wan.causal_transformer import chunk_body, frame_rope
+from fv_wan.causal_window import context_frames, evict
 from fv_wan.conditioning import encode_condition_body
-from fv_wan.loop import clean_prompt, decode_body, denoise_body, encode_body, text_kv_body
+from fv_wan.samplers import chunk_schedule
+from fv_wan.text_cache import clean_prompt
 from fv_wan.tiny import word_tokenizer, write_pipeline_files
 from fv_wan.transformer import prepare, run_blocks
 

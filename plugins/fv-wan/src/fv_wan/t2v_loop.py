@@ -1,4 +1,5 @@
-"""The Wan loop, for every variant: encode -> [image] -> text K/V -> denoise steps -> VAE decode.
+"""The Wan loop, for every variant and task (``t2v``, ``t2i``, ``i2v``): encode -> [image] -> text K/V
+-> denoise steps -> VAE decode.
 
 Each phase is its own WorkUnit: ENCODER_CHUNK (UMT5, skipped on a feature
 cache hit; CLIP for Wan2.1 I2V; then the transformer's per-block
@@ -10,16 +11,16 @@ order (``_next_phase``). A request keeps its text keys/values folded (each
 prompt row's positions up to its padding's repeated one, ``kv_rows``; a call
 of one row unfolds them one block at a time, a call of several attends to the
 folds: see ``transformer``), unless its steps run on a parallel group. Step
-bodies are pure functions of their inputs over shared weights, so the runtime
-may batch equal-keyed plans of different requests; a step's batch key names
-its expert, so Wan2.2 A14B requests batch only with steps on the same expert.
-CFG combine and the sampler update run per request in ``advance``; the
-sampler's history lives in ``LoopState``.
+bodies (:mod:`fv_wan.bodies`) are pure functions of their inputs over shared
+weights, so the runtime may batch equal-keyed plans of different requests; a
+request runs on the weights it pinned at init, and a step's batch key names
+its expert and their versions, so Wan2.2 A14B requests batch only with steps
+on the same expert. CFG combine and the sampler update run per request in
+``advance``; the sampler's history lives in ``LoopState``.
 """
 
 from __future__ import annotations
 
-import html
 import math
 import re
 from functools import partial
@@ -27,119 +28,18 @@ from typing import Any
 
 import torch
 
-from fv_core import (
-    BatchKey,
-    CacheKey,
-    ConfigError,
-    Done,
-    LoopResult,
-    LoopState,
-    StepResult,
-    WorkPlan,
-    WorkUnitKind,
-)
-from fv_core.cache import RepeatedTail, fold_tail
+from fv_core import ConfigError, Done, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind
 from fv_core.extend import BLOCKS_INPUT
+from fv_core.loop import batch_key, pinned, pinned_module, pinned_state
 from fv_core.request import ImagePart, NoiseDraws
 from fv_wan import conditioning
+from fv_wan.bodies import decode_body, denoise_body, encode_body, text_kv_body
 from fv_wan.model import WanModel
 from fv_wan.parallel import parallel_denoise_body
 from fv_wan.params import WanParams
 from fv_wan.samplers import Schedule, make_sampler
-from fv_wan.transformer import folded_text_kv, image_kv, text_kv, wan_forward_kv
+from fv_wan.text_cache import cached_kv, clean_prompt, put_kv, set_embeds, text_keys
 from fv_wan.variant import HIGH_NOISE
-
-# Most bytes of decoded frames one VAE call makes. The decode's working set grows with the rows of a
-# call, several times their output; its speed hardly does past two rows. Measured on the medium bench
-# (8 videos of 9 x 64 x 64, 0.42 MiB each): one call 351 ms and 31 MiB peak, calls of 2 rows 379 ms
-# and 9 MiB, one by one 510 ms.
-DECODE_BYTES = 1 << 20
-
-
-def clean_prompt(text: str) -> str:
-    """The prompt normalisation Wan's pipeline applies (ftfy when installed, html unescape, spaces)."""
-    try:
-        import ftfy
-
-        text = ftfy.fix_text(text)
-    except ImportError:
-        pass
-    return re.sub(r"\s+", " ", html.unescape(html.unescape(text)).strip()).strip()
-
-
-# ---- step bodies: pure functions of their inputs over shared weights ----
-
-
-def encode_body(text_encoder, inputs: dict[str, Any]) -> dict[str, Any]:
-    """UMT5 last hidden states, zeroed past each prompt's length (as Wan's pipeline does)."""
-    mask = inputs["mask"].to(text_encoder.device)
-    hidden = text_encoder(inputs["input_ids"].to(text_encoder.device), mask).last_hidden_state
-    return {"embeds": torch.where(mask.bool().unsqueeze(-1), hidden, torch.zeros((), dtype=hidden.dtype))}
-
-
-def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Flow velocity; with ``neg_kv`` present, one forward per CFG branch (two-forward CFG).
-
-    ``inputs[BLOCKS_INPUT]``: the request's block hook when a block interceptor is on (else None);
-    ``inputs["branch_suffix"]`` keeps a second expert's block caches apart from the first's.
-    """
-    latents, t, hook = inputs["latents"], inputs["timestep"], inputs.get(BLOCKS_INPUT)
-    suffix, img_kv, length = inputs.get("branch_suffix", ""), inputs.get("img_kv"), inputs.get("kv_length", 0)
-
-    def forward(kv: str, branch: str) -> torch.Tensor:
-        return wan_forward_kv(
-            transformer,
-            latents,
-            t,
-            inputs[kv],
-            hook=hook,
-            branch=branch + suffix,
-            img_kv=img_kv,
-            kv_rows=inputs.get(kv + "_rows"),
-            kv_length=length,
-        )
-
-    if "neg_kv" in inputs:
-        return {"cond": forward("kv", "cond"), "uncond": forward("neg_kv", "uncond")}
-    return {"velocity": forward("kv", "main")}
-
-
-def text_kv_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Every block's cross-attention keys/values for the prompt embeddings (step-invariant; with
-    ``inputs["fold"]``, folded: ``kv`` and ``kv_rows``), and for the image features when there are
-    any (Wan2.1 I2V)."""
-    if inputs.get("fold"):
-        kv, rows = folded_text_kv(transformer, inputs["text"])
-        out = {"kv": kv, "kv_rows": rows}
-    else:
-        out = {"kv": text_kv(transformer, inputs["text"])}
-    if "image" in inputs:
-        out["img_kv"] = image_kv(transformer, inputs["image"])
-    return out
-
-
-def decode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Un-normalise latents, VAE decode, map to frames [B, F, H, W, 3] in 0..1; a batch of latents
-    decodes in row groups of at most DECODE_BYTES of frames (one row at least)."""
-    z = inputs["latents"].to(vae.dtype)
-    mean, inv_std = conditioning.latent_stats(vae, z)
-    size = max(1, DECODE_BYTES // decoded_row_bytes(vae, z))
-    frames = [_decode_rows(vae, z[start : start + size], mean, inv_std) for start in range(0, len(z), size)]
-    return {"frames": frames[0] if len(frames) == 1 else torch.cat(frames)}
-
-
-def _decode_rows(vae, z: torch.Tensor, mean: torch.Tensor, inv_std: torch.Tensor) -> torch.Tensor:
-    video = vae.decode(z / inv_std + mean, return_dict=False)[0]
-    return video.mul_(0.5).add_(0.5).clamp_(0, 1).permute(0, 2, 3, 4, 1).float()
-
-
-def decoded_row_bytes(vae, z: torch.Tensor) -> int:
-    """Bytes of one row's decoded video for latents ``z`` [B, C, F, H, W] (a patched VAE's output
-    channels are pixels of its patches)."""
-    c = vae.config
-    frames = (z.shape[2] - 1) * c.scale_factor_temporal + 1
-    pixels = z.shape[3] * z.shape[4] * c.scale_factor_spatial**2
-    return c.out_channels // (c.get("patch_size") or 1) ** 2 * frames * pixels * z.element_size()
 
 
 class WanLoop:
@@ -155,19 +55,11 @@ class WanLoop:
         if instance is not None and instance is not inst:
             raise ConfigError("a WanLoop runs requests on the instance it was made for. Fix: model.loop(...)")
         p = request.params
-        if not isinstance(p, WanParams):
-            raise ConfigError(
-                f"request {request.request_id!r} carries {type(p).__name__} params, not WanParams. "
-                "Fix: build requests with LoadedModel.prepare (fv_core.load(...).prepare(...))."
-            )
         inst.components_for(request.task)  # rejects tasks the card does not serve
         loop_id = inst.card.programs[request.task].stages[0]
         # the i2v loop's one image (prepare refuses images elsewhere, and an i2v request without one)
         image = next((part for part in request.parts if part.kind == "image"), None)
-        gen = torch.Generator(device="cpu").manual_seed(p.seed)
-        state = LoopState(
-            request_id=request.request_id, loop_id=loop_id, total_steps=p.num_inference_steps, generator=gen
-        )
+        state = pinned_state(request, inst, loop_id, total_steps=p.num_inference_steps)
         cfg = p.guidance_scale > 1.0  # as diffusers: the first expert's scale decides
         prompts = [clean_prompt(p.prompt)] + ([clean_prompt(p.negative_prompt)] if cfg else [])
         tok = inst.component("tokenizer")
@@ -181,7 +73,7 @@ class WanLoop:
             return_tensors="pt",
         )
         state.tensors.update(input_ids=enc.input_ids, mask=enc.attention_mask)
-        cached = [inst.feature_cache.get(k) for k in self._keys(inst, state)]
+        cached = [inst.feature_cache.get(k) for k in text_keys(inst, state)]
         second = p.guidance_scale if p.guidance_scale_2 is None else p.guidance_scale_2
         state.values.update(
             task=request.task,
@@ -198,11 +90,10 @@ class WanLoop:
             prompt=p.prompt,
             negative_prompt=p.negative_prompt,
             # what a rollout's BehaviorRecord keeps besides each step's inputs and outputs
-            weights_versions=dict(inst.weights_versions),
             conditioning=["text", "neg_text", "image_features", "condition"],
         )
         if all(c is not None for c in cached):
-            self._set_embeds(state, torch.stack(cached))
+            set_embeds(state, torch.stack(cached))
         sched = self._sampler(state).schedule(p.num_inference_steps)
         state.tensors.update(timesteps=sched.timesteps, sigmas=sched.sigmas)
         v = inst.variant
@@ -213,7 +104,7 @@ class WanLoop:
             p.height // v.spatial_scale,
             p.width // v.spatial_scale,
         )
-        latents = NoiseDraws(gen, p).randn(*shape)  # CPU generator, as diffusers
+        latents = NoiseDraws(state.generator, p).randn(*shape)  # CPU generator, as diffusers
         state.tensors["latents"] = latents.to(inst.device)
         if v.conditioning == "first_frame":
             state.tensors["frame_mask"] = conditioning.first_frame_mask(shape, image is not None).to(
@@ -231,9 +122,9 @@ class WanLoop:
             ids = state.tensors["input_ids"]
             return WorkPlan(
                 kind=WorkUnitKind.ENCODER_CHUNK,
-                body=partial(encode_body, inst.component("text_encoder", self._pin(state, "text_encoder"))),
+                body=partial(encode_body, pinned_module(inst, state, "text_encoder")),
                 inputs={"input_ids": ids, "mask": state.tensors["mask"]},
-                batch_key=BatchKey(self._on(state, "text_encoder"), "encode", (ids.shape[1],), precision),
+                batch_key=batch_key(inst, state, "text_encoder", "encode", (ids.shape[1],), precision),
                 batch_size=ids.shape[0],
                 label="encode prompt",
             )
@@ -257,9 +148,9 @@ class WanLoop:
         out, phase = result.outputs, state.values["phase"]
         if phase == "encode":
             embeds = out["embeds"]
-            for row, key in enumerate(self._keys(inst, state)):
+            for row, key in enumerate(text_keys(inst, state)):
                 inst.feature_cache.put(key, embeds[row])
-            self._set_embeds(state, embeds)
+            set_embeds(state, embeds)
         elif phase == "image_encode":
             t["image_features"] = out["features"]
             del t["clip_pixels"]
@@ -272,14 +163,7 @@ class WanLoop:
         elif phase == "text_kv":
             expert, kv, held = state.values["kv_for"], out["kv"], out.get("kv_rows")
             if "image_features" not in t:  # text-only keys/values are shared by every request
-                length = t["input_ids"].shape[1]
-                for row, key in enumerate(self._kv_keys(inst, state, expert)):
-                    folded = (
-                        fold_tail(kv[row], -2)
-                        if held is None
-                        else RepeatedTail(kv[row].narrow(-2, 0, int(held[row])).clone(), length, -2)
-                    )
-                    inst.kv_cache.put(key, folded)
+                put_kv(inst, state, expert, kv, held)
             t[f"kv.{expert}"] = kv  # rows: cond[, uncond]
             if held is not None:
                 t[f"kv_rows.{expert}"] = held
@@ -331,13 +215,10 @@ class WanLoop:
         inst, (tensor,) = self.instance, inputs.values()
         return WorkPlan(
             kind=kind,
-            body=partial(body, inst.component(component, self._pin(state, component))),
+            body=partial(body, pinned_module(inst, state, component)),
             inputs=inputs,
-            batch_key=BatchKey(
-                self._on(state, component),
-                op,
-                tuple(tensor.shape[1:]),
-                str(inst.dtype).removeprefix("torch."),
+            batch_key=batch_key(
+                inst, state, component, op, tuple(tensor.shape[1:]), str(inst.dtype).removeprefix("torch.")
             ),
             label=label,
         )
@@ -366,7 +247,7 @@ class WanLoop:
         if state.step < v["steps"]:
             expert = self._expert(state, state.step)
             fold = self.instance.parallel is None
-            if f"kv.{expert}" not in t and not self._cached_kv(state, expert, fold):
+            if f"kv.{expert}" not in t and not cached_kv(self.instance, state, expert, fold):
                 v.update(kv_for=expert, kv_fold=fold)
                 return "text_kv"
             return "denoise"
@@ -383,31 +264,6 @@ class WanLoop:
         boundary = variant.boundary_ratio * self.instance.scheduler_config.get("num_train_timesteps", 1000)
         return HIGH_NOISE if state.tensors["timesteps"][step] >= boundary else variant.experts[1]
 
-    def _cached_kv(self, state: LoopState, expert: str, fold: bool = False) -> bool:
-        """Take the expert's text keys/values from the cache (``fold``: kept folded) when every prompt
-        row is there."""
-        if "image_features" in state.tensors:
-            return False
-        keys = self._kv_keys(self.instance, state, expert)
-        kv = [self.instance.kv_cache.get(k, packed=True) for k in keys]  # RepeatedTails
-        state.values["kv_cache_hits"] += sum(x is not None for x in kv)
-        if any(x is None for x in kv):
-            return False
-        if fold:
-            self._keep_folded(state, expert, kv)
-        else:
-            state.tensors[f"kv.{expert}"] = torch.stack([x.expand() for x in kv])
-        return True
-
-    @staticmethod
-    def _keep_folded(state: LoopState, expert: str, rows: list[RepeatedTail]) -> None:
-        """The expert's text keys/values, each prompt row folded (``fold_tail`` along positions), as
-        ``kv.{expert}`` [rows, blocks, 2, H, dim] (H: the longest fold; a shorter row repeats its last
-        position up to it) and ``kv_rows.{expert}`` (positions each row holds)."""
-        held = max(r.head.shape[-2] for r in rows)
-        state.tensors[f"kv.{expert}"] = torch.stack([RepeatedTail(r.head, held, -2).expand() for r in rows])
-        state.tensors[f"kv_rows.{expert}"] = torch.tensor([r.head.shape[-2] for r in rows])
-
     def _text_kv_plan(self, state: LoopState, inst, precision: str) -> WorkPlan:
         expert, t = state.values["kv_for"], state.tensors
         text = torch.cat([t[k] for k in ("text", "neg_text") if k in t]).to(inst.dtype)
@@ -419,9 +275,9 @@ class WanLoop:
             signature += tuple(inputs["image"].shape[1:])
         return WorkPlan(
             kind=WorkUnitKind.ENCODER_CHUNK,
-            body=partial(text_kv_body, inst.component(expert, self._pin(state, expert))),
+            body=partial(text_kv_body, pinned_module(inst, state, expert)),
             inputs=inputs,
-            batch_key=BatchKey(self._on(state, expert), "encode", signature, precision),
+            batch_key=batch_key(inst, state, expert, "encode", signature, precision),
             batch_size=text.shape[0],
             label=f"text keys/values ({expert})",
         )
@@ -487,10 +343,12 @@ class WanLoop:
         group = inst.parallel
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=self._denoise_body(expert, self._pin(state, expert)),
+            body=self._denoise_body(expert, pinned(state, expert)),
             inputs=inputs,
-            batch_key=BatchKey(
-                self._on(state, expert),
+            batch_key=batch_key(
+                inst,
+                state,
+                expert,
                 "diffusion_denoise",
                 shape_sig,
                 precision,
@@ -575,51 +433,3 @@ class WanLoop:
             config = {**inst.scheduler_config, "flow_shift": key[2]}
             self._samplers[key] = make_sampler(key[1], config, fixed)
         return self._samplers[key]
-
-    def _pin(self, state: LoopState, component: str) -> str:
-        """The weights version of ``component`` the request pinned at init (before that: the live one);
-        a weight sync while it runs leaves it on these weights."""
-        return state.values.get("weights_versions", {}).get(component) or self.instance.weights_versions.get(
-            component
-        )
-
-    def _on(self, state: LoopState, component: str) -> str:
-        """Batch-key instance of plans on ``component``'s pinned weights (other versions never share a call)."""
-        return f"{self.instance.instance_id}@{self._pin(state, component)}/{component}"
-
-    def _keys(self, inst, state: LoopState) -> list[CacheKey]:
-        ids, mask = state.tensors["input_ids"], state.tensors["mask"]
-        version = self._pin(state, "text_encoder")
-        return [self._key(inst, ids[i], mask[i], version) for i in range(ids.shape[0])]
-
-    @staticmethod
-    def _key(instance, ids: torch.Tensor, mask: torch.Tensor, version: str) -> CacheKey:
-        return CacheKey.of(
-            instance.card.model_id,
-            "text_encoder",
-            version,
-            ids,
-            mask,
-            max_length=int(ids.shape[-1]),
-            precision=str(instance.dtype),
-        )
-
-    def _kv_keys(self, inst, state: LoopState, expert: str) -> list[CacheKey]:
-        te = self._pin(state, "text_encoder")
-        return [
-            CacheKey(
-                k.model,
-                expert,
-                self._pin(state, expert),
-                k.content_hash,
-                tuple(sorted((*k.extra, ("text_encoder_version", te)))),
-            )
-            for k in self._keys(inst, state)
-        ]
-
-    @staticmethod
-    def _set_embeds(state: LoopState, embeds: torch.Tensor) -> None:
-        """Store the prompt embeddings: row 0 the prompt, row 1 (under CFG) the negative prompt."""
-        state.tensors["text"] = embeds[:1]
-        if embeds.shape[0] > 1:
-            state.tensors["neg_text"] = embeds[1:2]
