@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fv_core.deploy.card import DeploymentCard
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -48,7 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def with_parallel(deploy: Any, plan: str | None) -> Any:
+def with_parallel(deploy: DeploymentCard, plan: str | None) -> DeploymentCard:
     """``deploy`` with its one model on parallel ``plan`` (``--parallel``); unchanged without one."""
     from fv_core.errors import ConfigError
     from fv_core.parallel import ParallelPlan
