@@ -107,7 +107,9 @@ def fv_register_pipelines(register: Register) -> None:
         ``("WanPipeline", "fv_wan.folder:WanFolder")``; ``family.card(folder)``
         builds a card from the folder's own configs (``fv_core.load(folder)``) and
         ``family.bind(card, folder)`` adapts a named card to a folder it runs on
-        (e.g. its default sampler follows the folder's scheduler).
+        (e.g. its default sampler follows the folder's scheduler). A family whose
+        published layout has no ``model_index.json`` (BAGEL's) also gives
+        ``family.recognizes(folder) -> bool``; such folders are offered to it.
     """
 
 

@@ -30,6 +30,8 @@ from fv_core.model import LoadedModel
 from fv_core.parity.gate import assert_interleave_parity
 from fv_core.runtime.engine import Engine
 
+__all__ = ["CardContract"]
+
 # params -> the reference's frames [F, H, W, 3], or {"frames": ..., "audio": [channels, samples]}
 Reference = Callable[[dict[str, Any]], Any]
 
