@@ -38,7 +38,7 @@ class LTX2RefineLoop(LTX2Loop):
 
     def _start_latents(self, state: LoopState, request, grid: tuple[int, ...], audio_frames: int) -> None:
         """The handed-on latents, normalized and packed, mixed with fresh noise: ``scale·n + (1−scale)·x``
-        (video, then audio, then the decode noise: the order diffusers draws them)."""
+        (video, then audio: the order diffusers draws them)."""
         draws, scale = noise_draws(state, request), request.carry["noise_scale"]
         vae, audio_vae, transformer = (self._module(state, n) for n in ("vae", "audio_vae", "transformer"))
         video = request.carry["latents"].float()
@@ -57,5 +57,4 @@ class LTX2RefineLoop(LTX2Loop):
             latents=scale * noise + (1 - scale) * video,
             audio_latents=scale * audio_noise + (1 - scale) * audio,
         )
-        if vae.config.timestep_conditioning:
-            state.tensors["decode_noise"] = draws.randn(1, vae.config.latent_channels, *grid)
+        self._end_draws(state, draws, vae, grid)

@@ -102,9 +102,15 @@ class LTX2Loop:
         state.tensors.update(
             latents=pack(noise, patch, patch_t), audio_latents=audio.transpose(1, 2).flatten(2, 3)
         )
-        if state.values["latents_out"]:  # the program's next stage continues these streams
+        self._end_draws(state, draws, vae, grid)
+
+    def _end_draws(self, state: LoopState, draws, vae, grid: tuple[int, ...]) -> None:
+        """After the latents' noise: the decode noise (diffusers' next draw, for VAEs with timestep
+        conditioning), or, for a stage that hands on its latents, where its streams stand (the program's
+        next stage continues them)."""
+        if state.values["latents_out"]:
             state.values["rng"] = rng_states(draws)
-        elif vae.config.timestep_conditioning:  # diffusers' next draw
+        elif vae.config.timestep_conditioning:
             state.tensors["decode_noise"] = draws.randn(1, vae.config.latent_channels, *grid)
 
     def _sizes(self, request) -> tuple[tuple[int, int, int], int]:
