@@ -23,8 +23,13 @@ from typing import Any
 import torch
 
 from fv_core import ConfigError, FeatureCache, ModelCard
-from fv_core.live_weights import SyncableComponents
-from fv_core.weights import file_fingerprint, load_component, refuse_pickles, weights_fingerprint
+from fv_core.weights import (
+    SyncableComponents,
+    file_fingerprint,
+    load_component,
+    refuse_pickles,
+    weights_fingerprint,
+)
 from fv_ltx2.transformer import unsupported
 
 _IDS = itertools.count()
