@@ -78,8 +78,8 @@ def _student(steps: int, timesteps: tuple[int, ...]) -> Row:
     plural = "s" if steps > 1 else ""
     return Row(
         f"wan2.1-t2v-shapes-{steps}step",
-        f"The shapes model (wan2.1-t2v-shapes) distilled by DMD2 into a {steps}-step student: fixed timesteps "
-        f"{list(timesteps)}, sampler 'dmd', no CFG. {SHIPS_TRANSFORMER} Trained with `fv train "
+        f"The shapes model (wan2.1-t2v-shapes) distilled by DMD2 into a {steps}-step student: fixed "
+        f"timesteps {list(timesteps)}, sampler 'dmd', no CFG. {SHIPS_TRANSFORMER} Trained with `fv train "
         f"configs/shapes/dmd2_{steps}step.yaml` (fv-train-dmd2); quality in bench/results/dmd2_shapes.json.",
         SHAPES,
         SHAPES_REQUEST,
@@ -88,7 +88,7 @@ def _student(steps: int, timesteps: tuple[int, ...]) -> Row:
         recipe=dict(
             method="dmd2",
             parents=["wan2.1-t2v-shapes"],
-            consistency_required="C2",  # its train forward is the serve forward (the C2 gate of fv-train-dmd2)
+            consistency_required="C2",  # its train forward is the serve forward (fv-train-dmd2's C2 gate)
             description=f"DMD2-distilled from wan2.1-t2v-shapes (30 UniPC steps, guidance 1) for {steps} "
             f"step{plural} at timesteps {list(timesteps)}, no CFG (configs/shapes/dmd2_{steps}step.yaml)",
         ),
@@ -134,7 +134,7 @@ TABLE = (
         recipe=dict(
             method="diffusion_nft",
             parents=["wan2.1-t2v-shapes"],
-            consistency_required="C2",  # C2-free: its train forward is the serve forward (fv-train-nft's gate)
+            consistency_required="C2",  # C2-free: its train forward is the serve forward (fv-train-nft)
             description="DiffusionNFT from wan2.1-t2v-shapes, 90 steps: old-policy rollouts (10 UniPC steps, "
             "no CFG) on the 42 training combinations scored by fv-train-flow's shapes-detector reward "
             "(configs/shapes/nft.yaml)",
@@ -260,9 +260,10 @@ TABLE = (
     ),
     Row(
         "wan2.1-t2v-shapes-causal",
-        "The shapes model (wan2.1-t2v-shapes) made causal by self-forcing (fv-train-self-forcing, 12750 steps "
-        "in four stages: configs/shapes/self_forcing.yaml, self_forcing_stage2.yaml, self_forcing_stage3.yaml, "
-        "self_forcing_stage4.yaml, whose regression onto the teacher's ODE sits beside DMD): one latent frame "
+        "The shapes model (wan2.1-t2v-shapes) made causal by self-forcing (fv-train-self-forcing, 12750 "
+        "steps in four stages: configs/shapes/self_forcing.yaml, self_forcing_stage2.yaml, "
+        "self_forcing_stage3.yaml, self_forcing_stage4.yaml, whose regression onto the teacher's ODE sits "
+        "beside DMD): one latent frame "
         "(4 video frames) per chunk, 4 fixed steps [1000, 750, 500, 250] per chunk under flow shift 3, no "
         "CFG, each finished chunk re-run into a rolling KV cache of 3 latent frames (frame 0 kept as a "
         f"sink). {SHIPS_TRANSFORMER} Quality at 9 and 17 frames in bench/results/self_forcing_shapes.json "

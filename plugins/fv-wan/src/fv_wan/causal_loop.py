@@ -10,11 +10,12 @@ steps (an AR_PREFILL step). Its every block's keys/values then go into the reque
 instance's paged KV pool, after the rolling window has dropped the oldest frames after the sinks to
 make room (whole pages when frames fill whole pages, else a copy of the kept tokens).
 
-A chunk pass is one body (:func:`fv_wan.causal_transformer.chunk_body`) for both kinds: its inputs are the chunk's
-latents, timestep, per-frame RoPE and its context gathered from the pool, padded to a power-of-two
-number of frames (at most the window) with a mask of real tokens, so passes of different requests
-with equal chunk shapes and context buckets batch as rows. The final video is the chunks' frames in
-order; the pool's pages come back on finish and on cancel (``release``).
+A chunk pass is one body (:func:`fv_wan.causal_transformer.chunk_body`) for both kinds: its inputs
+are the chunk's latents, timestep, per-frame RoPE and its context gathered from the pool, padded to a
+power-of-two number of frames (at most the window: :mod:`fv_wan.causal_window`) with a mask of real
+tokens, so passes of different requests with equal chunk shapes and context buckets batch as rows. The
+final video is the chunks' frames in order; the pool's pages come back on finish and on cancel
+(``release``).
 """
 
 from __future__ import annotations

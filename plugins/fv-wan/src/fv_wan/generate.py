@@ -12,7 +12,7 @@ from fv_wan import cards
 
 
 def card(card_id: str) -> ModelCard:
-    """The fv-wan card ``card_id`` with its default kernels, validated; unknown ids list the available ones."""
+    """The fv-wan card ``card_id`` with its default kernels, validated (unknown ids list the others)."""
     return complete_card(cards.card(card_id))
 
 
