@@ -28,7 +28,7 @@ from fv_ltx2.tiny import write_tiny_checkpoint
 
 # Declared fp32 tolerance of a parallel run against one process: a shard's (or a cfg rank's) matmuls
 # have fewer rows, and CPU GEMM kernels round differently for small row counts. Measured worst cases on
-# these requests: frames 4.8e-6 (two-stage, sp=2), audio 3e-8.
+# these requests: frames 1.4e-6 (two-stage, sp=2), audio 3e-8.
 TOLERANCE = {"frames": 1e-5, "audio": 1e-5}
 CASES = [("tiny", "sp=2"), ("tiny", "cfg=2"), ("tiny", "sp=2,cfg=2"), ("stg", "sp=2,cfg=2")]
 CACHE = {"residual_diff_threshold": 0.3, "max_warmup_steps": 1}
@@ -38,8 +38,12 @@ ASKS = {
     # 9 video tokens (5 + 4) and 1 audio token: sequence rank 1 holds no audio at all
     "shards": dict(prompt="a cat", num_inference_steps=3, seed=2, num_frames=1, height=96, width=96),
     "i2av": dict(task="i2av", parts=(IMAGE,), prompt="a red ball", num_inference_steps=3, image_crf=0),
-    # the base stage on the group; the upsampler and the LoRA-merged refine on rank 0
-    "two-stage": dict(task="t2av-two-stage", prompt="a cat", num_inference_steps=3, seed=4),
+    # the base stage on the group; the upsampler and the LoRA-merged refine on rank 0. At 128x128 the base
+    # stage's latents are 2x2 (at 64x64 they are 1x1, and the random upsampler's norms over them amplify a
+    # shard's rounding, 1e-6, to 1.3e-5 in frames)
+    "two-stage": dict(
+        task="t2av-two-stage", prompt="a cat", num_inference_steps=3, seed=4, height=128, width=128
+    ),
 }
 
 
