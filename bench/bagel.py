@@ -267,10 +267,10 @@ def memory_child(case: str, folder: str, copy_folder: str, size: str) -> dict:
 
     import fv_bagel.chat_loop  # noqa: F401
     import fv_bagel.t2i_loop  # noqa: F401
-    import fv_core
+    from fv_core.plugins import load_plugins
     from fv_core.runtime import Engine
 
-    host = fv_core.load_plugins(env={"FV_PLUGINS": "fv-bagel"})
+    host = load_plugins(env={"FV_PLUGINS": "fv-bagel"})
     baseline = rss_mib()
     chat_model = load(Path(folder), host)
     image_model = chat_model if case == "one_instance" else load(Path(copy_folder), host)
@@ -404,8 +404,8 @@ def main() -> None:
 def run(folder: Path, size: str, repeats: int, threads: int) -> dict:
     import torch
 
-    import fv_core
     from fv_bagel.tiny import write_checkpoint
+    from fv_core.plugins import load_plugins
     from fv_core.runtime.engine import freeze_heap
 
     s = SIZES[size]
@@ -413,7 +413,7 @@ def run(folder: Path, size: str, repeats: int, threads: int) -> dict:
     memory_folder = folder.with_name(f"bagel-{s['memory']}")
     if memory_folder != folder:
         write_checkpoint(memory_folder, **SIZES[s["memory"]]["checkpoint"], dtype=torch.bfloat16)
-    model = load(folder, fv_core.load_plugins(env={"FV_PLUGINS": "fv-bagel"}))
+    model = load(folder, load_plugins(env={"FV_PLUGINS": "fv-bagel"}))
     prompts = pick_prompts(model, s["max_tokens"])
     freeze_heap()
     net = model.instance.net

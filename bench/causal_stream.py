@@ -26,7 +26,8 @@ SMOKE = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layer
 
 
 def causal_model(folder: Path, side: int, frames: int):
-    from fv_core import LoadedModel, StepCostModel
+    from fv_core import LoadedModel
+    from fv_core.card import StepCostModel
     from fv_wan.cards import CAUSAL_TIMESTEPS, causal_card
     from fv_wan.model import CausalWanModel
 

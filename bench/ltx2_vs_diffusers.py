@@ -93,9 +93,10 @@ def run(folder: str, size: dict, steps: int, repeats: int) -> dict:
     from diffusers import LTX2Pipeline
 
     import fv_core
+    from fv_core.plugins import load_plugins
     from fv_core.runtime import Engine
 
-    host = fv_core.load_plugins(env={"FV_PLUGINS": "fv-ltx2,fv-cache-dit"})
+    host = load_plugins(env={"FV_PLUGINS": "fv-ltx2,fv-cache-dit"})
     model = fv_core.load(folder, host=host)  # the card is built from the folder's own configs
     ask = dict(
         **size, num_inference_steps=steps, max_sequence_length=128, spatio_temporal_guidance_blocks=[1]

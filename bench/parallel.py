@@ -43,7 +43,7 @@ REQUEST = dict(prompt="a red car in the city at night", negative_prompt="blurry"
 
 def drive_to_denoise(model, params: dict):
     """The first denoise step's plan of a request: every phase before it run inline."""
-    from fv_core import StepResult
+    from fv_core.loop import StepResult
 
     request = model.prepare(params)
     loop = model.loop(model.card.programs[request.task].stages[0])

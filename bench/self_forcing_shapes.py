@@ -64,7 +64,7 @@ def videos(model: Any, pairs: list[tuple[shapes.ClipSpec, int]], frames: int) ->
     defaults = model.prepare({"prompt": "-"}).params
     if frames == shapes.FRAMES:
         return generate_videos(model, pairs, defaults.num_inference_steps, 1.0, defaults.sampler)
-    from fv_core import Engine
+    from fv_core.runtime import Engine
 
     items = [
         model.job(model.prepare({"prompt": spec.caption, "seed": seed, "num_frames": frames}))

@@ -22,8 +22,8 @@ import torch
 from diffusers import WanTransformer3DModel
 
 import fv_sta.plugin
-from fv_core import PluginHost
 from fv_core.kernels_select import select_kernel
+from fv_core.plugins import PluginHost
 from fv_sta.options import StaOptions, StaWindow
 from fv_sta.tiles import TileLayout
 from fv_wan.attention import describe, grid_of, install

@@ -1,23 +1,20 @@
-"""fv: a model-native runtime for video, image, audio and omni diffusion models."""
+"""fv: a model-native runtime for video, image, audio and omni diffusion models.
+
+This is the user API: load a model, generate, read artifacts, handle errors::
+
+    import fv_core
+    video = fv_core.load("wan2.1-t2v-shapes").generate(prompt="a red circle moving left")
+    video.save("out.mp4")
+
+Plugin authors build on the documented subpackages instead, each with its own ``__all__``:
+``fv_core.card``, ``fv_core.loop``, ``fv_core.extend``, ``fv_core.weights``, ``fv_core.training``,
+``fv_core.testing``, ``fv_core.request``, ``fv_core.cache``, ``fv_core.kv``, ``fv_core.parallel``,
+``fv_core.deploy``, ``fv_core.serving``, ``fv_core.parity``, ``fv_core.program``, ``fv_core.plugins``
+and ``fv_core.runtime`` (CONTRIBUTING.md; ``tests/core/test_boundary.py`` enforces it). Everything
+else is internal.
+"""
 
 from fv_core.artifacts import AudioArtifact, ImageArtifact, TextArtifact, VideoArtifact
-from fv_core.cache import CacheKey, FeatureCache, content_hash
-from fv_core.card import (
-    CacheContract,
-    CapabilityMatrix,
-    CardVariant,
-    ComponentSpec,
-    LoopSpec,
-    ModelCard,
-    ParallelismContract,
-    ParitySpec,
-    PrecisionContract,
-    ProgramSpec,
-    RecipeSpec,
-    StepCostModel,
-    StepsContract,
-    check_loop_request,
-)
 from fv_core.deploy import DeploymentCard, load_deploy
 from fv_core.errors import (
     AdmissionInfeasible,
@@ -35,110 +32,38 @@ from fv_core.errors import (
     WeightsError,
     explain,
 )
-from fv_core.extend import BaseObserver, BlockInterceptor, Observer, StepInterceptor, plugin_slot
-from fv_core.hookspecs import hookimpl
 from fv_core.load import load
-from fv_core.loop import LoopContext, LoopRunner
-from fv_core.loop.contracts import (
-    BatchKey,
-    Done,
-    Loop,
-    LoopKind,
-    LoopResult,
-    LoopState,
-    Profile,
-    StepResult,
-    StreamEvent,
-    WorkPlan,
-    WorkUnitKind,
-)
 from fv_core.model import LoadedModel
-from fv_core.parity import ParityAligner, assert_interleave_parity, check_batched_parity
-from fv_core.plugins import PluginHost, load_plugins
-from fv_core.program import Program, Stage
-from fv_core.registry import lookup_kernel, resolve_lazy
-from fv_core.request import AudioPart, ImagePart, Params, Part, Request, TextPart, VideoPart, param_meta
-from fv_core.runtime import AsyncEngine, Budget, Engine
+from fv_core.request import AudioPart, ImagePart, Part, TextPart, VideoPart
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdmissionInfeasible",
-    "AsyncEngine",
     "AudioArtifact",
     "AudioPart",
-    "BaseObserver",
-    "BatchKey",
-    "BlockInterceptor",
-    "Budget",
-    "CacheContract",
-    "CacheKey",
     "Cancelled",
-    "CapabilityMatrix",
     "CardValidationError",
-    "CardVariant",
-    "ComponentSpec",
     "ConfigError",
     "DeploymentCard",
-    "Done",
     "DuplicateKeyError",
-    "Engine",
-    "FeatureCache",
     "FvError",
     "ImageArtifact",
     "ImagePart",
     "LimitExceeded",
     "LoadedModel",
-    "Loop",
-    "LoopContext",
-    "LoopKind",
-    "LoopResult",
-    "LoopRunner",
-    "LoopSpec",
-    "LoopState",
-    "ModelCard",
     "NonFiniteOutput",
-    "Observer",
-    "ParallelismContract",
-    "Params",
-    "ParityAligner",
-    "ParitySpec",
     "Part",
-    "PluginHost",
     "PluginLoadError",
-    "PrecisionContract",
-    "Profile",
-    "Program",
-    "ProgramSpec",
     "QueueFull",
     "RecipeLoopMismatch",
-    "RecipeSpec",
-    "Request",
-    "Stage",
-    "StepCostModel",
-    "StepInterceptor",
-    "StepResult",
-    "StepsContract",
-    "StreamEvent",
     "TextArtifact",
     "TextPart",
     "UnknownKeyError",
     "VideoArtifact",
     "VideoPart",
     "WeightsError",
-    "WorkPlan",
-    "WorkUnitKind",
-    "assert_interleave_parity",
-    "check_batched_parity",
-    "check_loop_request",
-    "content_hash",
     "explain",
-    "hookimpl",
     "load",
     "load_deploy",
-    "load_plugins",
-    "lookup_kernel",
-    "param_meta",
-    "plugin_slot",
-    "resolve_lazy",
 ]

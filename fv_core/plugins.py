@@ -31,6 +31,8 @@ from fv_core.errors import ConfigError
 from fv_core.kernels import check_kernel
 from fv_core.registry import REGISTRY_NAMES, Registries, resolve_lazy
 
+__all__ = ["ENTRY_POINT_GROUP", "LoadError", "PluginHost", "PluginInfo", "RunFleet", "load_plugins"]
+
 ENTRY_POINT_GROUP = "fv.plugins"
 BUILTIN_PLUGIN = "fv-core"
 

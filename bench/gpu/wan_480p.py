@@ -35,8 +35,10 @@ import fv_cache_dit.plugin
 import fv_core
 import fv_sta.plugin
 import fv_wan.plugin
-from fv_core import PluginHost, PrecisionContract, hookimpl
+from fv_core.card import PrecisionContract
 from fv_core.deploy.card import parse_deploy
+from fv_core.extend import hookimpl
+from fv_core.plugins import PluginHost
 from fv_wan.cards import fastwan_1_3b
 from fv_wan.folder import WanFolder
 from fv_wan.tiny import write_tiny_checkpoint

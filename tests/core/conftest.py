@@ -8,8 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from fv_core import ComponentSpec, LoopKind, LoopSpec, ModelCard, ProgramSpec, RecipeSpec, WorkUnitKind
-from fv_core.card import CacheContract, CapabilityMatrix
+from fv_core.card import (
+    CacheContract,
+    CapabilityMatrix,
+    ComponentSpec,
+    LoopSpec,
+    ModelCard,
+    ProgramSpec,
+    RecipeSpec,
+)
+from fv_core.loop import LoopKind, WorkUnitKind
 from fv_core.plugins import PluginHost
 
 REPO = Path(__file__).resolve().parents[2]

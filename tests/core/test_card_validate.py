@@ -1,10 +1,11 @@
 import pytest
 
-from fv_core import CardValidationError, ConfigError, RecipeLoopMismatch, StepsContract
+from fv_core import CardValidationError, ConfigError, RecipeLoopMismatch
 from fv_core.card import (
     CacheContract,
     ComponentSpec,
     RecipeSpec,
+    StepsContract,
     card_from_dict,
     check_loop_request,
     validate_card,

@@ -100,8 +100,8 @@ def test_deploy_problems(example_host, changes, message):
 
 
 def test_card_rejecting_an_interceptor_kind(example_host):
-    from fv_core import hookimpl
     from fv_core.card import CapabilityMatrix
+    from fv_core.extend import hookimpl
     from tests.core.conftest import make_card
 
     class SkipEveryOther:

@@ -10,20 +10,13 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import fv_core
-from fv_core import (
-    CardValidationError,
-    CardVariant,
-    ConfigError,
-    LoopKind,
-    LoopSpec,
-    ProgramSpec,
-    RecipeSpec,
-    WorkUnitKind,
-    hookimpl,
-)
+from fv_core import CardValidationError, ConfigError
+from fv_core.card import CardVariant, LoopSpec, ProgramSpec, RecipeSpec
 from fv_core.card.assemble import assemble_card
 from fv_core.errors import explain
+from fv_core.extend import hookimpl
 from fv_core.kernels_select import select_kernel
+from fv_core.loop import LoopKind, WorkUnitKind
 from fv_core.model import OptionsPolicy
 from tests.core.conftest import make_card
 
@@ -188,7 +181,7 @@ def test_load_reads_a_folder_through_the_registered_pipeline_reader(host, tmp_pa
         fv_core.load(str(tmp_path / "nowhere"), host=host)
 
 
-class CountParams(fv_core.Params):
+class CountParams(fv_core.request.Params):
     steps: int = Field(ge=1, le=10, description="steps per stage")
 
 
@@ -199,19 +192,19 @@ class CountLoop:
         self.instance = instance
 
     def init(self, request, instance, ctx):
-        return fv_core.LoopState(request.request_id, "count", total_steps=request.params.steps)
+        return fv_core.loop.LoopState(request.request_id, "count", total_steps=request.params.steps)
 
     def next(self, state):
         if state.step == state.total_steps:
-            return fv_core.Done()
-        return fv_core.WorkPlan(fv_core.WorkUnitKind.AR_TOKEN, lambda inputs: {"one": 1}, {})
+            return fv_core.loop.Done()
+        return fv_core.loop.WorkPlan(fv_core.loop.WorkUnitKind.AR_TOKEN, lambda inputs: {"one": 1}, {})
 
     def advance(self, state, result):
         state.step += result.outputs["one"]
         return state
 
     def finalize(self, state):
-        return fv_core.LoopResult({"text": f"counted {state.step}"})
+        return fv_core.loop.LoopResult({"text": f"counted {state.step}"})
 
 
 def test_a_task_of_two_loops_runs_as_a_program(host, tmp_path):

@@ -4,8 +4,9 @@ import sys
 
 import pytest
 
-from fv_core import ConfigError, DuplicateKeyError, hookimpl
+from fv_core import ConfigError, DuplicateKeyError
 from fv_core.deploy import DeploymentCard, check_deploy
+from fv_core.extend import hookimpl
 from fv_core.plugins import PluginHost, load_plugins
 from tests.core.conftest import make_card
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fv_core import NonFiniteOutput, plugin_slot
+from fv_core import NonFiniteOutput
+from fv_core.extend import plugin_slot
 from fv_core.request import Request
 from fv_core.runtime import Engine
 from tests.runtime.synthetic import DenoiseLoop

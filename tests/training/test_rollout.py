@@ -11,10 +11,12 @@ import pytest
 import torch
 
 import fv_core
-from fv_core import ConfigError, Engine, LoadedModel, Profile, Request
-from fv_core.loop import BehaviorRecord
+from fv_core import ConfigError, LoadedModel
+from fv_core.loop import BehaviorRecord, Profile
 from fv_core.loop.observers import same_bits
 from fv_core.plugins import PluginHost
+from fv_core.request import Request
+from fv_core.runtime import Engine
 from fv_core.training.records import load_records, records_equal, save_records
 from fv_core.training.rollout import call_of, check_c2, replay_call, replay_step, rollout
 from fv_wan import plugin

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import fv_core
-from fv_core import ConfigError, hookimpl
+from fv_core import ConfigError
 from fv_core.cli import main
 from fv_core.errors import UnknownKeyError
+from fv_core.extend import hookimpl
 from fv_core.plugins import PluginHost
 from fv_core.training import (
     Consistency,

@@ -20,7 +20,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import fv_core
-    from fv_core import ImagePart, assert_interleave_parity, check_batched_parity
+    from fv_core import ImagePart
+    from fv_core.parity import assert_interleave_parity, check_batched_parity
     from fv_core.runtime import Engine
 
     picture = ImagePart(np.random.default_rng(0).random((40, 56, 3)).astype(np.float32))

@@ -17,17 +17,10 @@ from fv_bagel.cards import bagel_7b_mot
 from fv_bagel.chat_loop import sample
 from fv_bagel.guidance import guide, schedule
 from fv_bagel.state import ChatState, DenoiseState
-from fv_core import (
-    ConfigError,
-    ImageArtifact,
-    ImagePart,
-    StepResult,
-    TextArtifact,
-    TextPart,
-    assert_interleave_parity,
-    check_batched_parity,
-)
+from fv_core import ConfigError, ImageArtifact, ImagePart, TextArtifact, TextPart
 from fv_core.kv import KVSeq
+from fv_core.loop import StepResult
+from fv_core.parity import assert_interleave_parity, check_batched_parity
 from fv_core.runtime import Engine
 
 GOLDEN = Path(__file__).with_name("golden_bagel_tiny.json")
@@ -312,7 +305,7 @@ def test_sdpa_math_interleaves_bitwise_and_batches_within_tolerance(fresh):
 
 
 def _drive(loop, request):
-    from fv_core import Done, StepResult
+    from fv_core.loop import Done, StepResult
 
     with torch.inference_mode():
         state = loop.init(request)

@@ -10,8 +10,7 @@ import numpy as np
 import torch
 
 from fv_bagel.state import ChatState, DenoiseState
-from fv_core import StepResult
-from fv_core.loop import load_state, save_state
+from fv_core.loop import StepResult, load_state, save_state
 from fv_core.request import ImagePart
 
 PICTURE = ImagePart(np.random.default_rng(2).random((40, 56, 3)).astype(np.float32))

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import fv_core
-from fv_core import ConfigError, Done, StepResult, WeightsError
+from fv_core import ConfigError, WeightsError
 from fv_core.deploy.card import parse_deploy
+from fv_core.loop import Done, StepResult
 from fv_core.runtime import Engine
 from fv_core.training import WeightSyncPlan, push_weights, sync_weights
 from fv_core.training.sync import stage_sync

@@ -7,9 +7,19 @@ from typing import Any
 import torch
 
 from fv_cache_dit.options import CacheDiTOptions
-from fv_core import BatchKey, Done, LoopResult, LoopState, Request, StepResult, WorkPlan, WorkUnitKind
 from fv_core.extend import BLOCKS_INPUT, drive_blocks
-from fv_core.loop import euler_step, flow_match_sigmas
+from fv_core.loop import (
+    BatchKey,
+    Done,
+    LoopResult,
+    LoopState,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+    euler_step,
+    flow_match_sigmas,
+)
+from fv_core.request import Request
 from tests.runtime.synthetic import DIM, TOKENS, TinyDiT
 
 DEPTH = 6

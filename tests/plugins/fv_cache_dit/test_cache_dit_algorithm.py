@@ -7,8 +7,11 @@ import torch
 
 import fv_cache_dit.plugin
 from fv_cache_dit import CacheDiTOptions, DBCache, FBCache, TaylorSeer
-from fv_core import ConfigError, DeploymentCard, LoopState, PluginHost, Request
+from fv_core import ConfigError, DeploymentCard
 from fv_core.deploy.check import validate_plugin_options
+from fv_core.loop import LoopState
+from fv_core.plugins import PluginHost
+from fv_core.request import Request
 
 # Four additive blocks: block i adds BLOCKS[step][i]. With Fn=1, Bn=1 the front residual at step s is
 # FRONT[s] and the middle span (blocks 1, 2) adds MIDDLE[s].

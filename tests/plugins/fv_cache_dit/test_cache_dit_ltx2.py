@@ -8,9 +8,9 @@ import torch
 
 import fv_core
 from fv_cache_dit import FBCache
-from fv_core import PluginHost
 from fv_core.extend import BaseObserver
 from fv_core.parity import compare_results
+from fv_core.plugins import PluginHost
 from fv_core.runtime import Engine
 from fv_ltx2 import plugin
 from fv_ltx2.tiny import tiny_weights

@@ -11,11 +11,13 @@ import fv_cache_dit.plugin
 import fv_core
 import fv_wan.plugin
 from fv_cache_dit import DBCache, FBCache, TaylorSeer
-from fv_core import ConfigError, PluginHost, Request
+from fv_core import ConfigError
 from fv_core.deploy.card import parse_deploy
 from fv_core.deploy.check import check_deploy
 from fv_core.extend import BaseObserver
 from fv_core.parity import compare_results
+from fv_core.plugins import PluginHost
+from fv_core.request import Request
 from fv_core.runtime import Engine
 from fv_wan.cards import fastwan_1_3b
 from fv_wan.t2v_loop import WanLoop

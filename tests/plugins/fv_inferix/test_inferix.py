@@ -14,10 +14,11 @@ import torch
 import fv_core
 import fv_inferix.plugin
 import fv_wan.plugin
-from fv_core import ConfigError, PluginHost
+from fv_core import ConfigError
 from fv_core.deploy.card import parse_deploy
 from fv_core.deploy.check import check_deploy
 from fv_core.extend import BaseObserver
+from fv_core.plugins import PluginHost
 from fv_core.runtime import Engine
 from fv_core.training.rollout import rollout
 from fv_inferix import Inferix

@@ -9,9 +9,9 @@ import pytest
 import fv_cache_dit.plugin
 import fv_core
 import fv_ltx2.plugin
-from fv_core import PluginHost
 from fv_core.deploy.card import parse_deploy
 from fv_core.parity import assert_interleave_parity
+from fv_core.plugins import PluginHost
 from fv_core.runtime import Engine
 
 OPTS = {"Fn_compute_blocks": 1, "Bn_compute_blocks": 0, "max_warmup_steps": 1}

@@ -18,10 +18,11 @@ import pytest
 import fv_cache_dit.plugin
 import fv_core
 import fv_ltx2.plugin
-from fv_core import ConfigError, ImagePart, PluginHost
+from fv_core import ConfigError, ImagePart
 from fv_core.deploy.card import parse_deploy
 from fv_core.parallel import TRAFFIC
 from fv_core.parity import assert_interleave_parity
+from fv_core.plugins import PluginHost
 from fv_core.runtime import Engine
 from fv_ltx2.t2av_loop import LTX2Loop
 from fv_ltx2.tiny import write_tiny_checkpoint

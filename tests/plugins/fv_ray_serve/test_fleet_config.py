@@ -91,9 +91,9 @@ def test_fv_serve_ray_runs_the_fleet_the_plugin_registers_without_importing_ray_
     import subprocess
     import sys
 
-    from fv_core import load_plugins
+    from fv_core.plugins import load_plugins
     from fv_ray_serve.run import run_fleet
 
     assert load_plugins().fleet("ray") is run_fleet
-    check = "import sys; from fv_core import load_plugins; load_plugins(); assert 'ray' not in sys.modules"
+    check = "import sys; from fv_core.plugins import load_plugins; load_plugins(); assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", check], check=True)

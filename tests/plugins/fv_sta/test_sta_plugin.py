@@ -7,8 +7,9 @@ import torch
 from pydantic import ValidationError
 
 import fv_sta.plugin
-from fv_core import PluginHost, UnknownKeyError
+from fv_core import UnknownKeyError
 from fv_core.kernels_select import select_kernel
+from fv_core.plugins import PluginHost
 from fv_sta.kernel import StaFlex, StaGather, StaHopper
 from fv_sta.options import StaOptions, StaWindow
 

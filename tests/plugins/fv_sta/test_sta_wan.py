@@ -8,9 +8,10 @@ import torch
 import fv_core
 import fv_sta.plugin
 import fv_wan.plugin
-from fv_core import ConfigError, PluginHost, UnknownKeyError
+from fv_core import ConfigError, UnknownKeyError
 from fv_core.deploy.card import parse_deploy
 from fv_core.load import resolve_kernels
+from fv_core.plugins import PluginHost
 from fv_core.serving.jobs import JobStore
 from fv_core.serving.metrics import Metrics
 from fv_core.serving.service import Service

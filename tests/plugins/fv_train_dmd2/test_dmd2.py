@@ -11,8 +11,8 @@ import torch
 from dmd2_support import dmd2_config
 
 import fv_core
-from fv_core import ConfigError, Profile, WorkUnitKind
-from fv_core.loop import Done, run_plan
+from fv_core import ConfigError
+from fv_core.loop import Done, Profile, WorkUnitKind, run_plan
 from fv_core.plugins import PluginHost
 from fv_core.training import Consistency, Role, check_c2, rollout, train, train_adapter, validate
 from fv_core.training.dmd import GAN_HEAD_FILE

@@ -7,9 +7,9 @@ import pytest
 import torch
 from train_flow_support import flow_config
 
-from fv_core import ConfigError, Profile, WorkUnitKind, load
+from fv_core import ConfigError, load
 from fv_core.cache import RepeatedTail
-from fv_core.loop import run_plan
+from fv_core.loop import Profile, WorkUnitKind, run_plan
 from fv_core.training import Role, load_config, train, validate
 from fv_train_flow.method import FlowMethod
 
@@ -28,7 +28,7 @@ def test_checkpoint_is_a_loadable_wan_model_and_generates(trained):
     model = load(weights=out / "final")  # the card comes from the checkpoint's own configs
     loop, request, instance = model.job(model.prepare({"prompt": "a red circle moving left", "num_frames": 9,
         "height": 64, "width": 64, "num_inference_steps": 2, "guidance_scale": 4.0}))  # fmt: skip
-    from fv_core import Engine
+    from fv_core.runtime import Engine
 
     with torch.inference_mode():
         frames = Engine().run_one(loop, request, instance).outputs["frames"]

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import fv_core
-from fv_core import ConfigError, Profile, WorkUnitKind
+from fv_core import ConfigError
+from fv_core.loop import Profile, WorkUnitKind
 from fv_core.loop.runner import run_plan
 from fv_core.plugins import PluginHost
 from fv_core.training import Consistency, Role, load_records, records_equal, save_records, train, validate

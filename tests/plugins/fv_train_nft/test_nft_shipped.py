@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import fv_core
-from fv_core import WorkUnitKind
+from fv_core.loop import WorkUnitKind
 from fv_core.training import check_c2, rollout
 
 

@@ -14,8 +14,8 @@ import yaml
 from sf_support import sf_config
 
 import fv_core
-from fv_core import ConfigError, Profile, WorkUnitKind
-from fv_core.loop import Done, run_plan
+from fv_core import ConfigError
+from fv_core.loop import Done, Profile, WorkUnitKind, run_plan
 from fv_core.plugins import PluginHost
 from fv_core.training import Consistency, Role, train, train_adapter, validate
 from fv_train_self_forcing import plugin

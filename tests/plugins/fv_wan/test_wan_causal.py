@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import fv_core
-from fv_core import ConfigError, Done, LoadedModel, RecipeLoopMismatch, StepResult
+from fv_core import ConfigError, LoadedModel, RecipeLoopMismatch
 from fv_core.kv import KVSeq, PagedKVPool
+from fv_core.loop import Done, StepResult
 from fv_core.parity import check_batched_parity
 from fv_core.runtime import Engine
 from fv_core.testing import CardContract

@@ -8,9 +8,9 @@ import pytest
 import torch
 from wan_support import request, tiny_instance
 
-from fv_core import Profile
 from fv_core.cache import RepeatedTail
 from fv_core.extend import BLOCKS_INPUT
+from fv_core.loop import Profile
 from fv_core.loop.runner import run_plan
 from fv_core.runtime import Engine
 from fv_core.runtime.batching import padded

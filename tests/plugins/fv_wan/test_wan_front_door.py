@@ -157,7 +157,7 @@ def test_cards_json_prints_each_task_schema_with_the_cards_defaults(monkeypatch,
 
 def test_replay_reproduces_interceptors_with_the_options_that_ran(tiny_path):
     import fv_cache_dit.plugin
-    from fv_core import PluginHost
+    from fv_core.plugins import PluginHost
     from fv_wan import plugin
 
     host = PluginHost(env={})

@@ -16,9 +16,10 @@ import fv_core
 import fv_sta.plugin
 import fv_wan.plugin
 from fv_cache_dit import DBCache
-from fv_core import ConfigError, PluginHost
+from fv_core import ConfigError
 from fv_core.deploy.card import parse_deploy
 from fv_core.parity import compare_results
+from fv_core.plugins import PluginHost
 from fv_core.runtime import Engine
 
 I2V = "wan2.1-i2v-tiny"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from fv_core import LoadedModel, Request
+from fv_core import LoadedModel
+from fv_core.request import Request
 from fv_core.runtime import Engine
 from fv_wan.cards import wan_tiny
 from fv_wan.folder import WanFolder

@@ -5,11 +5,10 @@ network: the two loops bind the same ``net`` component."""
 from __future__ import annotations
 
 from fv_bagel.params import VAE_TRANSFORM, VIT_TRANSFORM
-from fv_core import (
+from fv_core.card import (
     CacheContract,
     CapabilityMatrix,
     ComponentSpec,
-    LoopKind,
     LoopSpec,
     ModelCard,
     ParitySpec,
@@ -18,8 +17,8 @@ from fv_core import (
     RecipeSpec,
     StepCostModel,
     StepsContract,
-    WorkUnitKind,
 )
+from fv_core.loop import LoopKind, WorkUnitKind
 
 # BAGEL's published inference settings (inferencer.py, app.py): text generation greedy (do_sample=False);
 # t2i: 50 timesteps, text CFG 4, image CFG 1, interval [0.4, 1], global renorm, shift 3.

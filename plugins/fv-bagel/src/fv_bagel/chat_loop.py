@@ -20,9 +20,8 @@ from fv_bagel.context import RAGGED_CONTEXT, check_positions, plain, plan_inputs
 from fv_bagel.images import understood
 from fv_bagel.prefill import PrefillLoop
 from fv_bagel.state import ChatState
-from fv_core import Done, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind
 from fv_core.kv import KVSeq, PagedKVPool
-from fv_core.loop import pinned, pinned_state
+from fv_core.loop import Done, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind, pinned, pinned_state
 
 VLM_THINK_SYSTEM_PROMPT = (  # BAGEL's system prompt for thinking before an answer (inferencer.py)
     "You should first think about the reasoning process in the mind and then provide the user with the answer. \n"

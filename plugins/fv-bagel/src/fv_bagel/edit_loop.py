@@ -19,8 +19,8 @@ from fv_bagel.context import plan_inputs
 from fv_bagel.images import check_bounds, pixels, resize, to_pil, vit_bounds, vit_patches
 from fv_bagel.state import DenoiseState
 from fv_bagel.t2i_loop import ImageLoop, Pending
-from fv_core import ConfigError, LoopState, StepResult, WorkPlan, WorkUnitKind
-from fv_core.loop import pinned_module
+from fv_core import ConfigError
+from fv_core.loop import LoopState, StepResult, WorkPlan, WorkUnitKind, pinned_module
 from fv_core.request import NoiseDraws
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from fv_bagel.cards import bagel_card
 from fv_bagel.checkpoint import check_layout, llm_config, safetensors_header, table_sides, vit_config
 from fv_bagel.params import VAE_TRANSFORM
-from fv_core import ModelCard, PrecisionContract, StepCostModel
+from fv_core.card import ModelCard, PrecisionContract, StepCostModel
 
 FILES = ("ema.safetensors", "llm_config.json", "vit_config.json")  # what marks the layout
 DOWN = 16  # pixels a latent patch: the FLUX VAE's x8, 2x2 patches

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from fv_bagel.checkpoint import check_layout, llm_config, load_net, load_tokenizer, vit_config
-from fv_core import ConfigError, ModelCard
+from fv_core import ConfigError
+from fv_core.card import ModelCard
 from fv_core.kv import PagedKVPool
 from fv_core.weights import SyncableComponents, file_fingerprint
 

@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from fv_core import ConfigError, ModelCard, Params, param_meta
-from fv_core.request import VariationParams
+from fv_core import ConfigError
+from fv_core.card import ModelCard
+from fv_core.request import Params, VariationParams, param_meta
 
 MAX_PROMPT = 20_000  # characters; the tokenized context is checked against the model's positions
 # BAGEL's ImageTransform bounds (inferencer.py / app.py): (max side, min side, stride) in pixels

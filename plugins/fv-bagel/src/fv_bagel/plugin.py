@@ -3,7 +3,7 @@ imported until a card is loaded."""
 
 from __future__ import annotations
 
-from fv_core import hookimpl
+from fv_core.extend import hookimpl
 
 CARDS = {
     "bagel-tiny": "fv_bagel.cards:bagel_tiny",

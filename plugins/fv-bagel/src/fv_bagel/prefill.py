@@ -19,8 +19,7 @@ import torch
 from fv_bagel import bodies
 from fv_bagel.context import RAGGED_CONTEXT, plan_inputs
 from fv_bagel.model import BagelModel
-from fv_core import BatchKey, LoopState, WorkPlan, WorkUnitKind
-from fv_core.loop import batch_key, pinned_module
+from fv_core.loop import BatchKey, LoopState, WorkPlan, WorkUnitKind, batch_key, pinned_module
 
 
 class PrefillLoop:

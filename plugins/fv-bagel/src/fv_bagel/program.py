@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fv_bagel.params import ImageParams, TextParams
-from fv_core import LoopResult, Request
+from fv_core.loop import LoopResult
+from fv_core.request import Request
 
 GEN_THINK_SYSTEM_PROMPT = (  # BAGEL's system prompt for thinking before an image (inferencer.py)
     "You should first think about the planning process in the mind and then generate the image. \n"

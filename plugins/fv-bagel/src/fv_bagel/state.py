@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fv_core import LoopState
+from fv_core.loop import LoopState
 
 KEY = "bagel"  # state.values key of the loop's own state
 T = TypeVar("T", bound="Typed")

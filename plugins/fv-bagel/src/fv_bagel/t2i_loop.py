@@ -20,9 +20,19 @@ from fv_bagel.guidance import guide, schedule
 from fv_bagel.mot import grid_ids
 from fv_bagel.prefill import PrefillLoop
 from fv_bagel.state import DenoiseState
-from fv_core import ConfigError, Done, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind
+from fv_core import ConfigError
 from fv_core.kv import KVSeq, PagedKVPool
-from fv_core.loop import pinned, pinned_module, pinned_state
+from fv_core.loop import (
+    Done,
+    LoopResult,
+    LoopState,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+    pinned,
+    pinned_module,
+    pinned_state,
+)
 from fv_core.request import NoiseDraws
 
 Pending = list[tuple[str, str, dict[str, Any]]]  # prefills: (context written, context extended, segment)

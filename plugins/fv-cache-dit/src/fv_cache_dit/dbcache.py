@@ -26,8 +26,9 @@ from pydantic import ValidationError
 from fv_cache_dit.options import PLUGIN, CacheDiTOptions
 from fv_cache_dit.stats import summarize
 from fv_cache_dit.taylorseer import taylor_forecast, taylor_update
-from fv_core import ConfigError, LoopResult, LoopState, explain
+from fv_core import ConfigError, explain
 from fv_core.extend import BLOCK_SKIP, BlockFn, BlockHook, BlockHooks, drive_spans
+from fv_core.loop import LoopResult, LoopState
 from fv_core.parallel import global_mean
 
 

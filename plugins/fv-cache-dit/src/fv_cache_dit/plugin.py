@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fv_core import hookimpl
+from fv_core.extend import hookimpl
 
 
 @hookimpl

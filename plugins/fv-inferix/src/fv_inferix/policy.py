@@ -22,8 +22,9 @@ from typing import Any, ClassVar
 import torch
 from pydantic import ValidationError
 
-from fv_core import ConfigError, LoopResult, LoopState, StepResult, WorkPlan, explain
+from fv_core import ConfigError, explain
 from fv_core.extend import KV_INPUT, KV_POLICY
+from fv_core.loop import LoopResult, LoopState, StepResult, WorkPlan
 from fv_inferix.options import PLUGIN, InferixOptions
 from fv_inferix.retrieve import Selector
 

@@ -3,11 +3,10 @@ tiny random-weight one written in that layout for tests and demos."""
 
 from __future__ import annotations
 
-from fv_core import (
+from fv_core.card import (
     CacheContract,
     CapabilityMatrix,
     ComponentSpec,
-    LoopKind,
     LoopSpec,
     ModelCard,
     ParallelismContract,
@@ -17,8 +16,8 @@ from fv_core import (
     RecipeSpec,
     StepCostModel,
     StepsContract,
-    WorkUnitKind,
 )
+from fv_core.loop import LoopKind, WorkUnitKind
 from fv_ltx2.program import GUIDANCE_OFF
 
 TASKS = {"t2av", "t2av-two-stage", "i2av"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fv_core import ModelCard, StepCostModel
+from fv_core.card import ModelCard, StepCostModel
 from fv_ltx2.cards import BASE_RECIPE, CLASSES, ltx2_card
 
 

@@ -8,8 +8,7 @@ from functools import partial
 
 import torch
 
-from fv_core import Done, LoopState, StepResult, WorkPlan, WorkUnitKind
-from fv_core.loop import batch_key
+from fv_core.loop import Done, LoopState, StepResult, WorkPlan, WorkUnitKind, batch_key
 from fv_core.request import ImagePart
 from fv_ltx2.steps import encode_image_body, pack, unpack
 from fv_ltx2.t2av_loop import LTX2Loop

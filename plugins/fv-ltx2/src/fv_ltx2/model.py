@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
-from fv_core import ConfigError, FeatureCache, ModelCard
+from fv_core import ConfigError
+from fv_core.cache import FeatureCache
+from fv_core.card import ModelCard
 from fv_core.weights import (
     SyncableComponents,
     file_fingerprint,

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from fv_core import ConfigError, ModelCard, param_meta
-from fv_core.request import VariationParams
+from fv_core import ConfigError
+from fv_core.card import ModelCard
+from fv_core.request import VariationParams, param_meta
 
 REGISTERS = 128  # the text connectors' learnable registers: text lengths are multiples of this
 SIZE_MULTIPLE = 32  # diffusers' LTX2Pipeline refuses other heights and widths, whatever the VAE

@@ -3,7 +3,7 @@ imported until a card is loaded."""
 
 from __future__ import annotations
 
-from fv_core import hookimpl
+from fv_core.extend import hookimpl
 
 CARDS = {
     "ltx2-tiny": "fv_ltx2.cards:ltx2_tiny",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fv_core import LoopResult, Request
+from fv_core.loop import LoopResult
+from fv_core.request import Request
 
 GUIDANCE_OFF = dict(
     guidance_scale=1.0,

@@ -7,8 +7,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from fv_core import LoopState
-from fv_core.loop import pinned
+from fv_core.loop import LoopState, pinned
 from fv_ltx2.steps import lora_denoise_body, noise_draws, pack
 from fv_ltx2.t2av_loop import LTX2Loop
 

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fv_core import LoopState
 from fv_core.extend import BLOCKS_INPUT
+from fv_core.loop import LoopState
 from fv_core.request import NoiseDraws
 from fv_ltx2.transformer import forward_blocks
 

@@ -23,9 +23,21 @@ from typing import Any
 
 import torch
 
-from fv_core import CacheKey, ConfigError, Done, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind
+from fv_core import ConfigError
+from fv_core.cache import CacheKey
 from fv_core.extend import BLOCKS_INPUT
-from fv_core.loop import batch_key, pinned, pinned_module, pinned_state
+from fv_core.loop import (
+    Done,
+    LoopResult,
+    LoopState,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+    batch_key,
+    pinned,
+    pinned_module,
+    pinned_state,
+)
 from fv_ltx2.model import LTX2Model
 from fv_ltx2.parallel import parallel_denoise_body
 from fv_ltx2.steps import (

@@ -5,8 +5,16 @@ from __future__ import annotations
 
 from functools import partial
 
-from fv_core import Done, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind
-from fv_core.loop import batch_key, pinned_state
+from fv_core.loop import (
+    Done,
+    LoopResult,
+    LoopState,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+    batch_key,
+    pinned_state,
+)
 from fv_ltx2.model import LTX2Model
 from fv_ltx2.steps import upsample_body
 

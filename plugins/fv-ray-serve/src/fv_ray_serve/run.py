@@ -7,8 +7,9 @@ import signal
 import threading
 from pathlib import Path
 
-from fv_core import ConfigError, load_plugins
+from fv_core import ConfigError
 from fv_core.deploy import check_deploy
+from fv_core.plugins import load_plugins
 from fv_ray_serve.config import load_fleet_file
 from fv_ray_serve.deployment import applications
 

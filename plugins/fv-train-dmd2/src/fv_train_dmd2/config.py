@@ -3,7 +3,7 @@ core's ``fv_core.training.TrainConfig``): the core's DMD options as they are."""
 
 from __future__ import annotations
 
-from fv_core.training.dmd import DMDOptions
+from fv_core.training import DMDOptions
 
 
 class DMD2Options(DMDOptions):

@@ -41,8 +41,15 @@ from typing import Any
 import torch
 
 from fv_core import ConfigError
-from fv_core.training import Consistency, MethodSpec, Role, RoleSpec, TrainConfig, train_adapter
-from fv_core.training.dmd import DistributionMatching
+from fv_core.training import (
+    Consistency,
+    DistributionMatching,
+    MethodSpec,
+    Role,
+    RoleSpec,
+    TrainConfig,
+    train_adapter,
+)
 from fv_train_dmd2.config import DMD2Options
 
 TRANSFORMER = ("transformer",)

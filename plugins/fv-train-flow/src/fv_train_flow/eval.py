@@ -43,7 +43,7 @@ def generate_videos(
 ) -> tuple[list[torch.Tensor], float]:
     """Frames [F, H, W, 3] per pair through the serve engine (compatible steps batched); seconds/video.
     ``max_sequence_length``: prompt padding (default: the card's)."""
-    from fv_core import Engine
+    from fv_core.runtime import Engine
 
     params = dict(
         num_frames=shapes.FRAMES,

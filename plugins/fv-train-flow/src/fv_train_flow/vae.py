@@ -6,7 +6,7 @@ otherwise) plus a small KL. Decoding the mean rather than a sample keeps the sta
 to a background-only output while the encoder's signal is still below the posterior noise.
 The export sets ``latents_mean`` / ``latents_std`` to the per-channel statistics of the training
 latents, so the normalised latents the transformer sees have unit scale, exactly as Wan's
-pipeline and ``fv_wan.loop.decode_body`` use them.
+pipeline and ``fv_wan.bodies.decode_body`` use them.
 """
 
 from __future__ import annotations

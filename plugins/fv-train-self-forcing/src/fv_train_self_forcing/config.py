@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from fv_core.training.dmd import DMDOptions
+from fv_core.training import DMDOptions
 
 
 class SelfForcingOptions(DMDOptions):

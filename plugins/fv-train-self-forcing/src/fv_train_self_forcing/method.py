@@ -30,8 +30,16 @@ from typing import Any, Protocol, cast
 import torch
 
 from fv_core import ConfigError
-from fv_core.training import Consistency, MethodSpec, Role, RoleSpec, TrainAdapter, TrainConfig, train_adapter
-from fv_core.training.dmd import DistributionMatching
+from fv_core.training import (
+    Consistency,
+    DistributionMatching,
+    MethodSpec,
+    Role,
+    RoleSpec,
+    TrainAdapter,
+    TrainConfig,
+    train_adapter,
+)
 from fv_train_self_forcing.config import SelfForcingOptions
 
 TRANSFORMER = ("transformer",)

@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fv_core import (
+from fv_core.card import (
     CacheContract,
     CapabilityMatrix,
     ComponentSpec,
-    LoopKind,
     LoopSpec,
     ModelCard,
     ParallelismContract,
@@ -26,9 +25,9 @@ from fv_core import (
     RecipeSpec,
     StepCostModel,
     StepsContract,
-    WorkUnitKind,
 )
 from fv_core.extend import KV_POLICY
+from fv_core.loop import LoopKind, WorkUnitKind
 
 T2V_TASKS = ("t2v", "t2i")
 I2V_TASKS = ("i2v",)

@@ -13,7 +13,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fv_core import ModelCard, StepCostModel, UnknownKeyError
+from fv_core import UnknownKeyError
+from fv_core.card import ModelCard, StepCostModel
 from fv_wan.card_builder import I2V_TASKS, T2V_TASKS, TI2V_TASKS, Row, Size, architecture, build
 
 CAUSAL_TIMESTEPS = (1000, 750, 500, 250)  # Self-Forcing's four fixed steps per chunk (under the flow shift)

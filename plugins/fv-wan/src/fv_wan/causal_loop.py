@@ -25,10 +25,20 @@ from typing import Any
 
 import torch
 
-from fv_core import ConfigError, Done, LoopKind, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind
+from fv_core import ConfigError
 from fv_core.extend import KV_INPUT
 from fv_core.kv import KVSeq, PagedKVPool
-from fv_core.loop import batch_key, pinned_module
+from fv_core.loop import (
+    Done,
+    LoopKind,
+    LoopResult,
+    LoopState,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+    batch_key,
+    pinned_module,
+)
 from fv_wan.bodies import chunk_decode_body
 from fv_wan.causal_transformer import chunk_body, frame_rope
 from fv_wan.causal_window import cache_layout, context_frames, drop_tokens, evict, policy_evict, runs

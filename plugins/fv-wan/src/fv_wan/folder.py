@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fv_core import ModelCard, StepCostModel, WeightsError
+from fv_core import WeightsError
+from fv_core.card import ModelCard, StepCostModel
 from fv_wan.card_builder import I2V_TASKS, T2V_TASKS, TI2V_TASKS, Row, Size, build
 from fv_wan.checkpoint import OPTIONAL_COMPONENTS, component_dir, listed_components
 from fv_wan.variant import WanVariant

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import fv_core
-from fv_core import LoadedModel, ModelCard
-from fv_core.card import complete_card
+from fv_core import LoadedModel
+from fv_core.card import ModelCard, complete_card
 from fv_wan import cards
 
 

@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
-from fv_core import CacheContract, ConfigError, FeatureCache, ModelCard
-from fv_core.cache import RepeatedTail
+from fv_core import ConfigError
+from fv_core.cache import FeatureCache, RepeatedTail
+from fv_core.card import CacheContract, ModelCard
 from fv_core.kv import PagedKVPool
 from fv_core.weights import SyncableComponents, weights_fingerprint
 from fv_wan.attention import describe, grid_of, install

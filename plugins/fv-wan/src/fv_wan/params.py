@@ -12,8 +12,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from fv_core import ConfigError, ModelCard, RecipeLoopMismatch, param_meta
-from fv_core.request import VariationParams
+from fv_core import ConfigError, RecipeLoopMismatch
+from fv_core.card import ModelCard
+from fv_core.request import VariationParams, param_meta
 
 MAX_GUIDANCE = 30.0
 

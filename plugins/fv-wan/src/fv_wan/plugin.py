@@ -3,7 +3,7 @@ code is imported until a card is loaded."""
 
 from __future__ import annotations
 
-from fv_core import hookimpl
+from fv_core.extend import hookimpl
 
 CARDS = {
     "wan2.1-t2v-tiny": "fv_wan.cards:wan_tiny",

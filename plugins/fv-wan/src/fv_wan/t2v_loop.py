@@ -28,9 +28,20 @@ from typing import Any
 
 import torch
 
-from fv_core import ConfigError, Done, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind
+from fv_core import ConfigError
 from fv_core.extend import BLOCKS_INPUT
-from fv_core.loop import batch_key, pinned, pinned_module, pinned_state
+from fv_core.loop import (
+    Done,
+    LoopResult,
+    LoopState,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+    batch_key,
+    pinned,
+    pinned_module,
+    pinned_state,
+)
 from fv_core.request import ImagePart, NoiseDraws
 from fv_wan import conditioning
 from fv_wan.bodies import decode_body, denoise_body, encode_body, text_kv_body

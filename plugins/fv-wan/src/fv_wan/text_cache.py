@@ -13,9 +13,8 @@ import re
 
 import torch
 
-from fv_core import CacheKey, LoopState
-from fv_core.cache import RepeatedTail, fold_tail
-from fv_core.loop import pinned
+from fv_core.cache import CacheKey, RepeatedTail, fold_tail
+from fv_core.loop import LoopState, pinned
 
 
 def clean_prompt(text: str) -> str:

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from fv_core import ConfigError, LoadedModel, WorkPlan, WorkUnitKind
+from fv_core import ConfigError, LoadedModel
+from fv_core.loop import WorkPlan, WorkUnitKind
 from fv_core.training import run_body
 from fv_core.weights import SHARED_KEY, component_folder
 from fv_wan.bodies import decode_body, denoise_body, encode_body, text_kv_body
