@@ -30,6 +30,7 @@ from fv_core.loop.contracts import (
     StreamEvent,
     WorkPlan,
 )
+from fv_core.loop.pins import ADAPTERS, WEIGHTS
 from fv_core.loop.seam import attach_block_hook, attach_kv_policy, commit_block_hook, negotiate
 from fv_core.registry import resolve_lazy
 
@@ -160,6 +161,9 @@ class LoopRunner:
         if active.ctx.recorder is not None:
             result.behavior = active.ctx.recorder.take(active.state)
         result.metrics.setdefault("steps", active.state.step)
+        for pins in (WEIGHTS, ADAPTERS):  # what it ran on: provenance, and a program's later stages
+            if pins in active.state.values:
+                result.metrics.setdefault(pins, dict(active.state.values[pins]))
         result.metrics.setdefault("stop_reason", reason)
         return result
 

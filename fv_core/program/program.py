@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fv_core.loop.contracts import Loop, LoopResult
+from fv_core.loop.pins import ADAPTERS, WEIGHTS
 
 Bind = Callable[[Any, dict[str, LoopResult]], Any]
 
@@ -41,12 +42,16 @@ class Program:
             raise ValueError(f"program {self.name!r}: stage names {names} must be non-empty and unique")
 
     def stage_request(self, index: int, request: Any, results: dict[str, LoopResult]) -> Any:
-        """The request for stage ``index``; its request_id is always the program request's."""
+        """The request for stage ``index``; its request_id is always the program request's. A later stage
+        runs on the versions the first stage pinned (they made what it is handed), whatever weight sync
+        landed meanwhile: they go in its carry unless its bind put others there."""
         stage = self.stages[index]
         bound = stage.bind(request, results) if stage.bind is not None else request
-        return (
-            bound if bound.request_id == request.request_id else replace(bound, request_id=request.request_id)
-        )
+        if bound.request_id != request.request_id:
+            bound = replace(bound, request_id=request.request_id)
+        first = results[self.stages[0].name].metrics if index else {}
+        pins = {k: first[k] for k in (WEIGHTS, ADAPTERS) if k in first}
+        return replace(bound, carry={**pins, **bound.carry}) if pins else bound
 
     def combine(self, results: dict[str, LoopResult]) -> LoopResult:
         """Program result: the last stage's outputs; per-stage metrics and behaviour by stage name; the

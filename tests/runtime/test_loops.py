@@ -18,7 +18,8 @@ def test_diffusion_is_seeded_and_deterministic(model, denoise):
     a, b, c = run(1), run(1), run(2)
     assert torch.equal(a.outputs["latents"], b.outputs["latents"])
     assert not torch.equal(a.outputs["latents"], c.outputs["latents"])
-    assert a.metrics == {"steps": 4, "stop_reason": "finished"}
+    ran_on = {"dit": "v1"}  # the versions it was pinned to
+    assert a.metrics == {"steps": 4, "stop_reason": "finished", "weights_versions": ran_on}
 
 
 def test_runner_alone_matches_engine(model, denoise):

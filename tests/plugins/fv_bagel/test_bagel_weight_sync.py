@@ -21,7 +21,7 @@ import torch
 import fv_core
 from fv_core import ConfigError, WeightsError
 from fv_core.deploy.card import parse_deploy
-from fv_core.loop import Done, StepResult
+from fv_core.loop import LoopContext, LoopRunner
 from fv_core.runtime import Engine
 from fv_core.training import WeightSyncPlan, push_weights, sync_weights
 from fv_core.training.sync import stage_sync
@@ -138,14 +138,15 @@ def test_a_net_sync_mid_run_keeps_each_request_on_its_weights(load, new_net):
             assert stage["weights_versions"]["net"] == metrics["weights_versions"]["net"]
 
 
-def think(program, request) -> dict:
-    """think-t2i's AR stage run to its end: its result by stage name (the contexts it hands over)."""
-    loop = program.stages[0].loop
+def think(live, program, request) -> dict:
+    """think-t2i's AR stage run to its end by the runner: its result by stage name (the contexts it hands
+    over, and the versions it ran on)."""
+    stage = program.stages[0]
     with torch.no_grad():
-        state = loop.init(program.stage_request(0, request, {}))
-        while not isinstance(plan := loop.next(state), Done):
-            state = loop.advance(state, StepResult(plan.body(plan.inputs)))
-    return {program.stages[0].name: loop.finalize(state)}
+        result = LoopRunner().run(
+            stage.loop, program.stage_request(0, request, {}), live.instance, LoopContext()
+        )
+    return {stage.name: result}
 
 
 def test_a_stage_never_reads_keys_values_another_net_version_wrote(load, new_net):
@@ -158,7 +159,7 @@ def test_a_stage_never_reads_keys_values_another_net_version_wrote(load, new_net
     request = ask(live, "t", "think-t2i", 3, max_tokens=3)
     program = live.runnable("think-t2i")
     image = program.stages[1].loop
-    results = think(program, request)
+    results = think(live, program, request)
     stage = program.stage_request(1, request, results)
     assert {c["net"] for c in stage.carry["contexts"]} == {old}  # the pages name the net that wrote them
     assert stage.carry["weights_versions"]["net"] == old and pool.used_pages > 0
@@ -168,7 +169,7 @@ def test_a_stage_never_reads_keys_values_another_net_version_wrote(load, new_net
         image.init(stage)
     assert pool.used_pages == 0  # the refused stage gave the handed-over pages back
 
-    stage = program.stage_request(1, request, think(program, request))  # its AR stage on the new net
+    stage = program.stage_request(1, request, think(live, program, request))  # its AR stage on the new net
     assert {c["net"] for c in stage.carry["contexts"]} == {"step-1"}
     stage.carry["contexts"] = [{**c, "net": old} for c in stage.carry["contexts"]]  # as if old had written
     with pytest.raises(

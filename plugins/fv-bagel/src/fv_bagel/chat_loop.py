@@ -200,7 +200,6 @@ class ChatLoop(PrefillLoop):
                 "stop_reason": s.stop_reason,
                 "completion_tokens": len(s.generated),
                 "prompt_tokens": context - state.step,
-                "weights_versions": state.values["weights_versions"],
             },
         )
 

@@ -36,8 +36,5 @@ def image(request: Request, results: dict[str, LoopResult]) -> Request:
     p = request.params
     params = ImageParams(**{k: getattr(p, k) for k in ImageParams.model_fields})
     thought = list(results.values())[-1].outputs
-    # the weights versions the AR stage pinned (they wrote the contexts): a weight sync between the
-    # stages leaves the whole program on the weights it started with
-    versions = list(results.values())[-1].metrics["weights_versions"]
-    carry = {"contexts": thought["contexts"], "thinking": thought["text"], "weights_versions": versions}
+    carry = {"contexts": thought["contexts"], "thinking": thought["text"]}
     return replace(request, params=params, carry=carry)

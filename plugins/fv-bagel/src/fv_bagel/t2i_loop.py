@@ -257,6 +257,5 @@ class ImageLoop(PrefillLoop):
             metrics={
                 "steps": state.step,
                 "branches_run": s.branches_run,
-                "weights_versions": state.values["weights_versions"],
             },
         )

@@ -33,9 +33,7 @@ def base(request: Request, results: dict[str, LoopResult]) -> Request:
 
 def upsample(request: Request, results: dict[str, LoopResult]) -> Request:
     """Stage 1: the base stage's latents."""
-    return replace(
-        request, carry={**_latents(results), "weights_versions": _base(results).metrics["weights_versions"]}
-    )
+    return replace(request, carry=_latents(results))
 
 
 def refine(request: Request, results: dict[str, LoopResult]) -> Request:
@@ -48,7 +46,6 @@ def refine(request: Request, results: dict[str, LoopResult]) -> Request:
     carry = {
         **_latents(results),
         "noise_scale": p.refine_noise_scale if p.refine_noise_scale is not None else sigmas[0],
-        "weights_versions": first.metrics["weights_versions"],  # pinned by the base stage at init
         "rng": first.outputs["rng"],
     }
     return replace(request, params=p.model_copy(update=update), carry=carry)

@@ -227,7 +227,6 @@ class LTX2Loop:
             "text_cache_hits": v["cache_hits"],
             "branches": v["branches"],
             "kernels": {"attention": "sdpa"},
-            "weights_versions": dict(v["weights_versions"]),  # pinned at init: what it ran on
             **self._extra_metrics(state),
         }
         if v["latents_out"]:

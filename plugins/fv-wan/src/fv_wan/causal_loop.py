@@ -190,7 +190,6 @@ class CausalWanLoop(WanLoop):
             "session": v["session"],  # the session it continued (None: a video of its own)
             "first_latent_frame": v["offset"],  # of the session's video
             "kernels": {"attention": "sdpa (block-causal, fv_wan.causal_transformer)"},
-            "weights_versions": dict(v.get("weights_versions", {})),
         }
         return LoopResult({"frames": t["frames"], "latents": t["latents"]}, metrics)
 

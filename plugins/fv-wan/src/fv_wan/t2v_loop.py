@@ -196,7 +196,6 @@ class WanLoop:
             "sampler": v.get("sampler"),
             "cfg": v["cfg_mode"] if v["cfg"] else "off",
             "kernels": self.instance.kernel_records(state.tensors.get("latents")),
-            "weights_versions": dict(v.get("weights_versions", {})),  # pinned at init: what it ran on
         }
         if len(self.instance.variant.experts) > 1:
             metrics["experts"] = v["experts_run"]  # the expert of each step
