@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from fv_core.errors import UnknownKeyError
 from fv_core.kernels import check_kernel
+from fv_core.providers import provider_hint
 from fv_core.registry import ANY, Registries, lookup_kernel
 
 
@@ -49,7 +50,7 @@ def select_kernel(
         key, impl = lookup_kernel(registries.kernels, op, dev, arch, variant)
     except UnknownKeyError as exc:
         if fallback is None or fallback == variant:
-            raise
+            raise UnknownKeyError(f"{exc.args[0]}{provider_hint(registries, 'kernels', variant)}") from None
         reason = f"{variant!r} unavailable: {exc}"
         key, impl = lookup_kernel(registries.kernels, op, dev, arch, fallback)
     check_kernel(key, impl)
