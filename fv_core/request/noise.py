@@ -63,6 +63,21 @@ class NoiseDraws:
         if seed is not None and self.strength > 0:
             self.variation = torch.Generator(device="cpu").manual_seed(seed)
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """Where the streams stand: a program's next stage continues from it (``restore``), as one
+        generator handed through chained pipelines does."""
+        states = {"generator": self.generator.get_state()}
+        if self.variation is not None:
+            states["variation"] = self.variation.get_state()
+        return states
+
+    def restore(self, states: dict[str, torch.Tensor]) -> NoiseDraws:
+        """Continue the streams ``state()`` saved (the same params: the same streams)."""
+        self.generator.set_state(states["generator"])
+        if self.variation is not None:
+            self.variation.set_state(states["variation"])
+        return self
+
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         noise = torch.randn(shape, generator=self.generator, dtype=dtype)
         if self.variation is None:

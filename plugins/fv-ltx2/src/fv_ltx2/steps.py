@@ -169,16 +169,4 @@ def noise_draws(state: LoopState, request) -> NoiseDraws:
     (``carry["rng"]``), as the one generator handed through diffusers' chained pipelines does."""
     draws = NoiseDraws(state.generator, request.params)
     rng = request.carry.get("rng")
-    if rng is not None:
-        draws.generator.set_state(rng["generator"])
-        if draws.variation is not None:
-            draws.variation.set_state(rng["variation"])
-    return draws
-
-
-def rng_states(draws: NoiseDraws) -> dict[str, torch.Tensor]:
-    """Where ``draws``' streams stand: what a program's next stage continues from."""
-    states = {"generator": draws.generator.get_state()}
-    if draws.variation is not None:
-        states["variation"] = draws.variation.get_state()
-    return states
+    return draws if rng is None else draws.restore(rng)

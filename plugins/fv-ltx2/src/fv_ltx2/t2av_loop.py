@@ -48,7 +48,6 @@ from fv_ltx2.steps import (
     guided_x0,
     noise_draws,
     pack,
-    rng_states,
     schedule,
     unpack,
 )
@@ -121,7 +120,7 @@ class LTX2Loop:
         conditioning), or, for a stage that hands on its latents, where its streams stand (the program's
         next stage continues them)."""
         if state.values["latents_out"]:
-            state.values["rng"] = rng_states(draws)
+            state.values["rng"] = draws.state()
         elif vae.config.timestep_conditioning:
             state.tensors["decode_noise"] = draws.randn(1, vae.config.latent_channels, *grid)
 
