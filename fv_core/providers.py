@@ -33,8 +33,12 @@ def provider_hint(registries: Registries, registry: str, name: str) -> str:
 
 def _registered(registries: Registries, registry: str, name: str) -> bool:
     if registry == "kernels":  # a variant registered for any op, device or arch
-        return any(isinstance(key, tuple) and key[3] == name for key in registries.kernels)
+        return name in _variants(registries)
     return name in getattr(registries, registry)
+
+
+def _variants(registries: Registries) -> set[str]:
+    return {key[3] for key in registries.kernels if isinstance(key, tuple)}
 
 
 def check_provided(registries: Registries, registry: str, name: str, where: str) -> None:
@@ -42,9 +46,7 @@ def check_provided(registries: Registries, registry: str, name: str, where: str)
     ``where`` it was asked, what is available and, when known, the plugin that provides it."""
     if _registered(registries, registry, name):
         return
-    names = sorted(
-        {key[3] for key in registries.kernels} if registry == "kernels" else map(str, registries.interceptors)
-    )
+    names = sorted(_variants(registries) if registry == "kernels" else map(str, registries.interceptors))
     raise ConfigError(
         f"{where}: no loaded plugin registers the {registry[:-1]} {name!r} (available: {names or 'none'})."
         + (

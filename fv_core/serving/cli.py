@@ -1,14 +1,19 @@
-"""``fv serve DEPLOY_FILE``: the HTTP server on uvicorn; ``fv serve --ray DEPLOY_FILE``: the fleet a plugin
-registers as ``"ray"`` (fv-ray-serve: Ray Serve)."""
+"""``fv serve DEPLOY_FILE`` or ``fv serve MODEL [--weights DIR]``: the HTTP server on uvicorn;
+``fv serve --ray DEPLOY_FILE``: the fleet a plugin registers as ``"ray"`` (fv-ray-serve: Ray Serve)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fv_core.deploy.card import DeploymentCard
+    from fv_core.plugins import PluginHost
+
+DEPLOY_SUFFIXES = (".yaml", ".yml", ".json")
+SERVE_EXTRA = 'fv serve needs the serve extra. Fix: pip install -e ".[serve]" (in this repository)'
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -22,6 +27,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--parallel with --ray: put `parallel:` on the deploy entry instead (each replica reads it)."
         )
     if args.ray:  # a plugin's fleet (fv-ray-serve registers "ray")
+        if not is_deploy_file(args.deploy_file):
+            raise ConfigError(
+                f"fv serve --ray {args.deploy_file}: a fleet is served from a deploy file (a .yaml, .yml or "
+                "a .json that exists), with its `fleet:` section. Fix: write one (see examples/deploy/fleet.yaml) "
+                "and pass its path, or drop --ray to serve this model in one process."
+            )
         return load_plugins().fleet("ray")(
             args.deploy_file,
             host=args.host,
@@ -34,13 +45,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from fv_core.serving.server import DrainingServer
     except ImportError:
-        raise ConfigError("fv serve needs the serve extra. Fix: pip install 'fv-core[serve]'") from None
+        raise ConfigError(SERVE_EXTRA) from None
 
-    from fv_core.deploy import check_deploy, load_deploy
+    from fv_core.deploy import check_deploy
     from fv_core.serving.app import create_app
 
-    deploy = with_parallel(load_deploy(args.deploy_file), args.parallel)
     host = load_plugins()
+    deploy = with_parallel(served_deploy(host, args.deploy_file, args.weights), args.parallel)
     problems = check_deploy(deploy, host, args.device)
     if problems:
         raise ConfigError(
@@ -49,6 +60,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(deploy, host, args.data_dir, args.api_key, args.device)
     DrainingServer(app, host=args.host, port=args.port, log_level=args.log_level).run()
     return 0
+
+
+def is_deploy_file(target: str) -> bool:
+    return target.lower().endswith(DEPLOY_SUFFIXES) and Path(target).is_file()
+
+
+def served_deploy(host: PluginHost, target: str, weights: str | None) -> DeploymentCard:
+    """The deploy file ``target``, or a deployment of the one model ``target`` (a card id) on ``weights``
+    enabling the plugins its card needs, with the default limits."""
+    from fv_core.deploy import load_deploy
+    from fv_core.errors import ConfigError
+    from fv_core.replay import one_model_deploy
+
+    if target.lower().endswith(DEPLOY_SUFFIXES):
+        if weights is not None:
+            raise ConfigError(
+                f"--weights {weights} with the deploy file {target}: a deploy file names each model's weights. "
+                "Fix: set `weights:` on the model's entry, or serve a model: fv serve CARD --weights DIR."
+            )
+        return load_deploy(target)  # a missing file is an error naming it
+    if target in host.registries.cards:
+        return one_model_deploy(host, target, weights, limits={})
+    if Path(target).expanduser().is_dir():
+        raise ConfigError(
+            f"fv serve {target}: a checkpoint folder is served with the card it runs. Fix: fv serve CARD "
+            f"--weights {target} (cards: `fv cards`), or a deploy file naming both."
+        )
+    cards = sorted(str(k) for k in host.registries.cards)
+    raise ConfigError(
+        f"fv serve {target}: neither a deploy file (a .yaml, .yml or .json that exists) nor a registered card "
+        f"(cards: {cards}). Fix: pass a card id (see `fv cards`) or the path of a deploy file."
+    )
 
 
 def with_parallel(deploy: DeploymentCard, plan: str | None) -> DeploymentCard:
@@ -70,8 +113,17 @@ def with_parallel(deploy: DeploymentCard, plan: str | None) -> DeploymentCard:
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``serve`` to the ``fv`` command's subparsers."""
-    serve = subparsers.add_parser("serve", help="serve a deploy file over an OpenAI-compatible HTTP API")
-    serve.add_argument("deploy_file", metavar="DEPLOY_FILE")
+    serve = subparsers.add_parser(
+        "serve", help="serve a deploy file, or one model, over an OpenAI-compatible HTTP API"
+    )
+    serve.add_argument(
+        "deploy_file",
+        metavar="MODEL|DEPLOY_FILE",
+        help="a card id (see `fv cards`), or a deploy file (.yaml, .yml or .json)",
+    )
+    serve.add_argument(
+        "--weights", metavar="DIR", help="checkpoint folder of MODEL (default: the card's embedded weights)"
+    )
     serve.add_argument(
         "--ray",
         action="store_true",
