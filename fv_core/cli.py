@@ -8,12 +8,15 @@ import sys
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fv_core.errors import ConfigError, FvError
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.request.params import field_extra
 from fv_core.request.parts import image_part
+
+if TYPE_CHECKING:
+    from fv_core.deploy.card import DeploymentCard
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -108,6 +111,7 @@ def parse_size(text: str) -> tuple[int, int]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from fv_core.deploy import load_deploy
     from fv_core.load import load
+    from fv_core.providers import check_provided
     from fv_core.replay import replay_plan, with_kernels
 
     host = args.host
@@ -122,15 +126,73 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raw, options = {**plan.params, **{k: v for k, v in raw.items() if v is not None}}, plan.plugin_options
     if name is None and weights is None and deploy is None:
         raise ConfigError(
-            "nothing to load. Fix: pass --model CARD, --weights DIR, --deploy FILE or --replay FILE."
+            "nothing to load. Fix: pass --model CARD, --weights DIR|OWNER/NAME, --deploy FILE or --replay FILE."
         )
     if args.attention:
+        check_provided(host.registries, "kernels", args.attention, f"--attention {args.attention}")
         deploy = with_kernels(host, deploy, name, weights, {"attention": args.attention})
+    if args.cache:
+        deploy = with_cache(host, deploy, name, weights, *args.cache)
     model = load(name, weights, deploy=deploy, device=args.device, host=host, parallel=args.parallel)
     try:
         return _generate(args, model, raw, task, options)
     finally:
         model.close()
+
+
+def parse_cache(text: str) -> tuple[str, float | None]:
+    """``"fbcache:0.1"`` -> ("fbcache", 0.1); ``"fbcache"`` -> ("fbcache", None)."""
+    name, _, threshold = text.partition(":")
+    if not threshold:
+        return name, None
+    try:
+        return name, float(threshold)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the threshold {threshold!r} is not a number; the form is NAME[:THRESHOLD], "
+            "e.g. fbcache:0.1"
+        ) from None
+
+
+def with_cache(
+    host: PluginHost,
+    deploy: DeploymentCard | None,
+    model: str | None,
+    weights: str | None,
+    interceptor: str,
+    threshold: float | None,
+) -> DeploymentCard:
+    """``deploy`` (or a one-model deployment without caps) whose entry for ``model`` runs ``interceptor``,
+    its plugin enabled and, with ``threshold``, that plugin's ``residual_diff_threshold`` set."""
+    from fv_core.plugins import BUILTIN_PLUGIN
+    from fv_core.providers import check_provided
+    from fv_core.replay import one_model_deploy
+
+    check_provided(host.registries, "interceptors", interceptor, f"--cache {interceptor}")
+    if deploy is None:
+        if model is None or model not in host.registries.cards:
+            raise ConfigError(
+                f"--cache {interceptor}: interceptors run on registered cards, and {model or weights!r} is not "
+                "one. Fix: pass --model CARD (with --weights DIR)."
+            )
+        deploy = one_model_deploy(host, model, weights)
+    deploy = deploy.model_copy(deep=True)
+    entries = [m for m in deploy.models if model in (None, m.served_name)] or [
+        m for m in deploy.models if m.card == model
+    ]
+    if len(entries) != 1:
+        names = [m.served_name for m in deploy.models]
+        raise ConfigError(f"--cache: choose one of the deployment's models {names}. Fix: pass --model NAME.")
+    if interceptor not in entries[0].interceptors:
+        entries[0].interceptors.append(interceptor)
+    plugin = host.registries.interceptors.plugin_of(interceptor)
+    deploy.plugins = sorted({*deploy.plugins, plugin} - {BUILTIN_PLUGIN})
+    if threshold is not None:
+        deploy.plugin_options[plugin] = {
+            **deploy.plugin_options.get(plugin, {}),
+            "residual_diff_threshold": threshold,
+        }
+    return deploy
 
 
 def _generate(args: argparse.Namespace, model: Any, raw: dict, task: str | None, options: Any) -> int:
@@ -260,11 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Request params below come from the installed cards' schemas (`fv cards --json`); "
         "omitted ones take the card's defaults.",
     )
-    gen.add_argument("--model", help="card id (see `fv cards`) or a diffusers-format folder")
+    gen.add_argument(
+        "--model", help="card id (see `fv cards`), a diffusers-format folder or a Hugging Face repo id"
+    )
     gen.add_argument(
         "--weights",
-        help="checkpoint folder (default: the card's embedded weights); alone, "
-        "the card is built from the folder's configs",
+        metavar="DIR|OWNER/NAME[@REV]",
+        help="checkpoint folder or Hugging Face repo id, read from the local cache or downloaded "
+        "(default: the card's embedded weights, else its published repo); alone, the card is built "
+        "from the checkpoint's configs",
     )
     gen.add_argument("--task", help="the card's task, e.g. t2v or t2i (default: the card's first)")
     gen.add_argument(
@@ -280,6 +346,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention",
         metavar="VARIANT",
         help="attention kernel variant, e.g. sta (default: the card's; see `fv cards`)",
+    )
+    gen.add_argument(
+        "--cache",
+        metavar="NAME[:THRESHOLD]",
+        type=parse_cache,
+        help="enable a cache interceptor for this run: fbcache, dbcache or taylorseer (fv-cache-dit), "
+        "THRESHOLD its residual_diff_threshold, e.g. fbcache:0.1 (other options: a deploy file's plugin_options)",
     )
     gen.add_argument(
         "--parallel",

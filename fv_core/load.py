@@ -20,6 +20,7 @@ from fv_core.deploy.card import DeploymentCard, ModelDeploy, load_deploy
 from fv_core.deploy.check import check_deploy, deploy_plugin_options
 from fv_core.devices import check_device
 from fv_core.errors import ConfigError, WeightsError
+from fv_core.hub import Snapshot, allow_patterns, folder_snapshot, is_repo_id, snapshot
 from fv_core.kernels_select import select_kernel
 from fv_core.model import LoadedModel, OptionsPolicy, unknown_model
 from fv_core.parallel.group import WorkerSpec, start_group
@@ -42,10 +43,13 @@ def load(
     host: PluginHost | None = None,
     parallel: str | ParallelPlan | None = None,
 ) -> LoadedModel:
-    """Load ``model`` (a card id, a deploy's served name, or a diffusers-format folder) on ``weights``.
+    """Load ``model`` (a card id, a deploy's served name, a diffusers-format folder or a Hugging Face
+    repo id) on ``weights``.
 
-    :param weights: checkpoint folder; default: the deploy entry's, else the card's embedded weights.
-        A folder alone (``model=None``) builds the card from its own configs.
+    :param weights: checkpoint folder or Hugging Face repo id (``owner/name[@revision]``, read from the
+        local cache, downloaded when missing and online); default: the deploy entry's, else the card's
+        embedded weights, else its published repo (``weights_repo``). A folder or id alone
+        (``model=None``) builds the card from its own configs.
     :param deploy: a deploy file or object whose entry for ``model`` sets kernels, interceptors,
         plugin options and limits.
     :param device: torch device the model runs on; checked against the machine first (ConfigError).
@@ -63,7 +67,7 @@ def load(
     entry = _entry(plan, model) if plan is not None else None
     name = entry.card if entry is not None else str(model if model is not None else weights)
     weights = weights if weights is not None else (entry.weights if entry is not None else None)
-    card, folder = _card_on_weights(host, name, weights)
+    card, folder, origin = _card_on_weights(host, name, weights)
     if entry is not None and entry.precision is not None:  # checked against the card by check_deploy
         card = card.model_copy(
             update={"precision": card.precision.model_copy(update={"default": entry.precision})}
@@ -83,6 +87,7 @@ def load(
         card=card,
         instance=instance,
         weights=str(folder),
+        weights_repo=origin.record() if origin is not None else None,
         source=name,
         plugin=cards.plugin_of(card.model_id) if card.model_id in cards else _folder_plugin(host, folder),
         kernels={op: record for op, (_, record) in kernels.items()},
@@ -137,19 +142,26 @@ def _entry(plan: DeploymentCard, model: str | Path | None) -> ModelDeploy:
     return matches[0]
 
 
-def _card_on_weights(host: PluginHost, name: str, weights: str | Path | None) -> tuple[ModelCard, Path]:
-    """The card ``name`` bound to its checked folder, or a card built from the folder ``name``."""
+def _card_on_weights(
+    host: PluginHost, name: str, weights: str | Path | None
+) -> tuple[ModelCard, Path, Snapshot | None]:
+    """The card ``name`` bound to its checked folder, or a card built from the folder ``name``; a
+    Hugging Face repo id stands for its snapshot's folder (the Snapshot, else None)."""
     if name in host.registries.cards:
         card = host.card(name)
-        if weights is None:
-            if card.default_weights is None:
-                raise ConfigError(
-                    f"model {name!r} has no embedded weights. Fix: pass a weights folder (--weights DIR)."
-                )
+        if weights is None and card.default_weights is not None:
             weights = resolve_lazy(card.default_weights)()
-        folder = Path(str(weights)).expanduser().resolve()
-        return bind_card(host.registries, card, folder), folder
-    folder = Path(name).expanduser().resolve()
+        weights = weights if weights is not None else card.weights_repo
+        if weights is None:
+            raise ConfigError(
+                f"model {name!r} has no embedded weights and names no published repo (weights_repo). Fix: "
+                "pass its weights: a folder or a Hugging Face repo id (--weights DIR or OWNER/NAME)."
+            )
+        origin = snapshot(weights, allow_patterns(card)) if is_repo_id(weights) else None
+        folder = origin.folder if origin is not None else Path(str(weights)).expanduser().resolve()
+        return bind_card(host.registries, card, folder), folder, origin
+    origin = folder_snapshot(name) if is_repo_id(name) else None
+    folder = origin.folder if origin is not None else Path(name).expanduser().resolve()
     if not folder.is_dir():
         raise unknown_model(name, (str(k) for k in host.registries.cards))
     pipeline = _folder_pipeline(host, folder)
@@ -160,7 +172,7 @@ def _card_on_weights(host: PluginHost, name: str, weights: str | Path | None) ->
             f"(readers: {readers}). Fix: point at a diffusers-format folder or a published layout one of "
             "them reads, or install the model plugin for it."
         )
-    return complete_card(family(host.registries, pipeline, folder).card(folder)), folder
+    return complete_card(family(host.registries, pipeline, folder).card(folder)), folder, origin
 
 
 def resolve_kernels(

@@ -81,7 +81,8 @@ class LoadedModel:
 
     card: ModelCard  # the assembled card, bound to its weights
     instance: Any  # live components, shared by every request
-    weights: str  # checkpoint folder
+    weights: str  # checkpoint folder (a Hugging Face repo's: its local snapshot)
+    weights_repo: dict[str, str] | None = None  # the Hugging Face repo, revision and commit it came from
     source: str = ""  # what was loaded: the card id, or the folder a card was built from
     plugin: str | None = None  # plugin that registered the card
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)  # op -> selection record
@@ -338,6 +339,7 @@ class LoadedModel:
             "params": request.params.model_dump(mode="json"),
             "parts": [p.kind for p in request.parts],  # kinds only: a replay cannot re-send them
             "weights": self.weights,
+            "weights_repo": self.weights_repo,
             # the versions the request ran on (pinned at init: a weight sync may have landed since)
             "weights_hash": dict(
                 result.metrics.get("weights_versions") or getattr(self.instance, "weights_versions", {})
@@ -370,6 +372,6 @@ def _numpy(value: Any) -> np.ndarray:
 def unknown_model(model: str, available: Iterable[str]) -> UnknownKeyError:
     return UnknownKeyError(
         f"unknown model {model!r}: neither a registered card nor a diffusers-format folder "
-        f"(no {model}/model_index.json). Cards: {sorted(available)}. "
-        "Fix: pick a card (see `fv cards`) or pass the path of a checkpoint folder."
+        f"(no {model}/model_index.json) nor a Hugging Face repo id (owner/name). Cards: {sorted(available)}. "
+        "Fix: pick a card (see `fv cards`), or pass the path of a checkpoint folder or a repo id."
     )

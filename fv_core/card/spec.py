@@ -165,6 +165,9 @@ class ModelCard(Spec):
     # op -> the kernel variants its model code runs ("*": any registered one); ``fv_core.load`` refuses others
     accepts_kernels: dict[str, list[str]] = Field(default_factory=lambda: {"attention": ["sdpa"]})
     default_weights: str | None = None  # "module:attr" that materializes embedded weights, returns a path
+    # the Hugging Face repo publishing this card's weights ("owner/name[@revision]"): fetched (or found
+    # in the local cache) by ``fv_core.load`` when no weights are given and none are embedded
+    weights_repo: str | None = None
     instance_factory: str | None = (
         None  # "module:attr" called (card, weights, device[, kernels=]) -> instance
     )

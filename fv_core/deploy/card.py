@@ -40,7 +40,9 @@ class ModelDeploy(Strict):
 
     card: str  # card id, e.g. "wan2.1-t2v-tiny"
     name: str | None = None  # served model name (default: the card id)
-    weights: str | None = None  # checkpoint folder; default: the card's embedded weights
+    # checkpoint folder or Hugging Face repo id (owner/name[@revision]); default: the card's embedded
+    # weights, else its published repo
+    weights: str | None = None
     kernels: dict[str, str] = Field(default_factory=dict)  # op -> variant, e.g. {"attention": "sta"}
     interceptors: list[str] = Field(default_factory=list)  # enabled interceptor names
     parallel: str | None = None  # parallel plan, e.g. "sp=2,cfg=2" (None: one process)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 from fv_core.card.assemble import assemble_card, interceptor_kind
 from fv_core.deploy.card import DeploymentCard
 from fv_core.errors import ConfigError, WeightsError, explain
+from fv_core.hub import is_repo_id
 from fv_core.kernels_select import device_arch
 from fv_core.loop.seam import KIND_NEEDS
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
@@ -62,7 +63,8 @@ def _check_model(
                 f"{sorted(card.capabilities.interceptors) or 'none'}. Fix: remove {name!r} from this model."
             )
     check_precision(card, model.precision, f"{where}.precision")
-    if model.weights is not None:  # the folder, as load will check it: layout, no pickles, configs vs card
+    # the folder, as load will check it: layout, no pickles, configs vs card (a repo id's, once fetched)
+    if model.weights is not None and not is_repo_id(model.weights):
         folder = Path(model.weights).expanduser()
         try:
             bind_card(registries, card, folder)  # the folder exists and its configs fit the card

@@ -82,6 +82,7 @@ def bagel_card(
     default_weights: str | None = None,
     max_resolution: tuple[int, int] | None = (1024, 1024),
     kv_bytes: int = 8 << 30,
+    weights_repo: str | None = None,
 ) -> ModelCard:
     loops = {
         "chat": LoopSpec(
@@ -174,6 +175,7 @@ def bagel_card(
         },
         precision=precision,
         default_weights=default_weights,
+        weights_repo=weights_repo,
         instance_factory=instance_factory,
     )
 
@@ -187,6 +189,7 @@ def bagel_7b_mot() -> ModelCard:
         StepCostModel(base_s=0.02, per_token_s=2e-5, peak_bytes_per_token=400_000),
         t2i={},
         precision=PrecisionContract(supported=["bfloat16", "float32"], default="bfloat16"),
+        weights_repo="ByteDance-Seed/BAGEL-7B-MoT",
     )
 
 

@@ -107,6 +107,7 @@ def ltx2_card(
     default_weights: str | None = None,
     interceptors: frozenset[str] = frozenset({"step_skip", "block_skip"}),
     refine_lora: bool = True,
+    weights_repo: str | None = None,
 ) -> ModelCard:
     def denoise(factory: str, **kw) -> LoopSpec:
         return LoopSpec(
@@ -199,6 +200,7 @@ def ltx2_card(
         parallelism=ParallelismContract(axes={"dp": 1, "sp": 8, "cfgp": 2}),
         pipeline="LTX2Pipeline",
         default_weights=default_weights,
+        weights_repo=weights_repo,
         instance_factory="fv_ltx2.model:LTX2Model",
     )
 
@@ -239,6 +241,7 @@ def ltx2_dev() -> ModelCard:
         BASE_RECIPE,
         StepCostModel(base_s=0.05, per_token_s=4e-5, peak_bytes_per_token=150_000),
         defaults={},
+        weights_repo="Lightricks/LTX-2",
     )
 
 

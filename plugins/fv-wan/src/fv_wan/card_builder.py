@@ -110,7 +110,8 @@ class Row:
     """One card. ``defaults``: its request defaults over ``BASE_DEFAULTS``; ``weights``: ``module:attr``
     of its default folder; ``timesteps``: a distilled student's fixed steps (loop ``dmd<n>``, sampler
     ``dmd``, no CFG); ``kv_bytes``: a causal card's KV pool (loop ``causal``, ``timesteps`` per chunk);
-    ``recipe``: ``RecipeSpec`` fields over its loop's; ``interceptors``: the skips it accepts."""
+    ``recipe``: ``RecipeSpec`` fields over its loop's; ``interceptors``: the skips it accepts; ``repo``: the
+    Hugging Face repo of its published weights."""
 
     id: str
     description: str
@@ -124,6 +125,7 @@ class Row:
     recipe: dict[str, Any] = field(default_factory=dict)
     # many steps: cached block spans stay close to computed ones
     interceptors: frozenset[str] = frozenset({"step_skip", "block_skip"})
+    repo: str | None = None  # the Hugging Face repo publishing its weights (``ModelCard.weights_repo``)
 
 
 def build(row: Row) -> ModelCard:
@@ -184,6 +186,7 @@ def build(row: Row) -> ModelCard:
         # Ulysses over up to 8 ranks (the heads must divide), the two CFG branches on two ranks
         parallelism=ParallelismContract(axes={"dp": 1, "sp": 8, "cfgp": 2}),
         default_weights=row.weights,
+        weights_repo=row.repo,
         instance_factory="fv_wan.model:CausalWanModel" if causal else "fv_wan.model:WanModel",
     )
 

@@ -145,12 +145,14 @@ TABLE = (
         "wan2.1-t2v-1.3b",
         "Wan2.1 text-to-video 1.3B (Wan-AI/Wan2.1-T2V-1.3B-Diffusers layout; pass --weights).",
         WAN_1_3B,
+        repo="Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
     ),
     Row(
         "wan2.1-t2v-14b",
         "Wan2.1 text-to-video 14B (Wan-AI/Wan2.1-T2V-14B-Diffusers layout; pass --weights).",
         WAN_14B,
         dict(height=720, width=1280),
+        repo="Wan-AI/Wan2.1-T2V-14B-Diffusers",
     ),
     Row(
         "fastwan2.1-t2v-1.3b",
@@ -164,6 +166,7 @@ TABLE = (
             description="DMD2-distilled from Wan2.1 1.3B for 3 steps at timesteps [1000, 757, 522], no CFG",
         ),
         interceptors=frozenset({"step_skip"}),  # each of 3 steps changes the latents too much to reuse a span
+        repo="FastVideo/FastWan2.1-T2V-1.3B-Diffusers",
     ),
     Row(
         "wan2.1-i2v-tiny",
@@ -211,6 +214,7 @@ TABLE = (
         dict(num_inference_steps=40),
         I2V_TASKS,
         I2V_OPTIONAL,
+        repo="Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
     ),
     Row(
         "wan2.1-i2v-14b-720p",
@@ -220,6 +224,7 @@ TABLE = (
         dict(num_inference_steps=40, height=720, width=1280),
         I2V_TASKS,
         I2V_OPTIONAL,
+        repo="Wan-AI/Wan2.1-I2V-14B-720P-Diffusers",
     ),
     Row(
         "wan2.2-ti2v-5b",
@@ -228,6 +233,7 @@ TABLE = (
         TI2V_5B,
         dict(height=704, width=1280, num_frames=121, fps=24),
         TI2V_TASKS,
+        repo="Wan-AI/Wan2.2-TI2V-5B-Diffusers",
     ),
     Row(
         "wan2.2-t2v-a14b",
@@ -237,6 +243,7 @@ TABLE = (
         dict(height=720, width=1280, num_inference_steps=40, guidance_scale=4.0, guidance_scale_2=3.0),
         T2V_TASKS,
         A14B_OPTIONAL,
+        repo="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
     ),
     Row(
         "wan2.2-i2v-a14b",
@@ -246,6 +253,7 @@ TABLE = (
         dict(height=720, width=1280, num_inference_steps=40, guidance_scale=3.5, guidance_scale_2=3.5),
         I2V_TASKS,
         A14B_OPTIONAL,
+        repo="Wan-AI/Wan2.2-I2V-A14B-Diffusers",
     ),
     Row(
         "wan2.1-t2v-tiny-causal",
