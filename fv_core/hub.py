@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from fv_core.card.spec import ModelCard
 from fv_core.errors import WeightsError
@@ -39,7 +39,7 @@ class Snapshot:
         return {"repo": self.repo, "revision": self.revision, "commit": self.commit, "path": str(self.folder)}
 
 
-def is_repo_id(value: Any) -> bool:
+def is_repo_id(value: Any) -> TypeGuard[str]:
     """Whether ``value`` names a Hugging Face repo: an ``owner/name[@revision]`` string that is not an
     existing local path (a folder always wins)."""
     return (
