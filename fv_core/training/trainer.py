@@ -3,7 +3,11 @@
 A method owns its modules and optimisers; the trainer owns time: when to log, evaluate,
 checkpoint and stop. Checkpoints are ``<output_dir>/checkpoint-<step>/`` folders the method writes
 (model weights in the real diffusers layout plus optimiser state in safetensors); the trainer adds
-``trainer_state.json`` and ``rng.safetensors`` (torch's global RNG, for methods that draw from it). Re-running the same config resumes from the newest one.
+``trainer_state.json`` (the step, the method and the config fields the run's trajectory depends on)
+and ``rng.safetensors`` (torch's global RNG, for methods that draw from it). Re-running the same
+config resumes from the newest one; a checkpoint of another method or config is refused. With a
+:class:`~fv_core.training.stop.StopRequest`, Ctrl-C or SIGTERM saves a checkpoint at the next step
+boundary and stops.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,10 +28,18 @@ from tqdm import tqdm
 from fv_core.errors import ConfigError
 from fv_core.training.config import OptimConfig, TrainConfig, check_train_device
 from fv_core.training.method import TrainMethod
+from fv_core.training.stop import StopRequest, TrainingStopped
+
+# The config fields a run's trajectory depends on: a checkpoint resumes only under the same values
+# (steps, output_dir, device, threads and the logging / checkpoint cadence may change).
+TRAJECTORY_FIELDS = {"seed", "batch_size", "optim", "data", "options"}
 
 
-def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[str, Any]:
-    """Run ``cfg.steps`` steps (resuming if a checkpoint exists); returns a summary.
+def train(
+    cfg: TrainConfig, method: TrainMethod, progress: bool = True, stop: StopRequest | None = None
+) -> dict[str, Any]:
+    """Run ``cfg.steps`` steps (resuming if a checkpoint exists); returns a summary. When ``stop``
+    catches a signal, saves a checkpoint at the next step boundary and raises :class:`TrainingStopped`.
 
     Logged ``time_s`` and the summary's ``wall_s`` are cumulative over resumed segments."""
     check_train_device(cfg, method.spec)
@@ -34,25 +47,28 @@ def train(cfg: TrainConfig, method: TrainMethod, progress: bool = True) -> dict[
     out.mkdir(parents=True, exist_ok=True)
     if cfg.sync is not None:
         _check_sync(cfg, method)
-    start, before = _resume(out, method)
-    log = (out / "log.jsonl").open("a")
+    start, before = _resume(cfg, method)
     t0, last = time.perf_counter(), {}
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train")
-    for step in bar:
-        scalars = method.step(step)
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            last = {"step": done, "time_s": round(before + time.perf_counter() - t0, 2), **scalars}
-            _write(log, last)
-            bar.set_postfix(loss=f"{scalars['loss']:.4f}")
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            _write(log, {"step": done, "eval": method.evaluate(done)})
-        if cfg.sync is not None and done % cfg.sync.every == 0:
-            _write(log, {"step": done, "sync": push_role(cfg, method, done)})
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:  # the last one lets a longer run resume
-            _checkpoint(out, method, done, cfg.keep_checkpoints, before + time.perf_counter() - t0)
-            plot_loss(out / "log.jsonl", out / "loss.png")
-    log.close()
+    with bar, (out / "log.jsonl").open("a") as log:
+        for step in bar:
+            scalars = method.step(step)
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                last = {"step": done, "time_s": round(before + time.perf_counter() - t0, 2), **scalars}
+                _write(log, last)
+                bar.set_postfix(loss=f"{scalars['loss']:.4f}")
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                _write(log, {"step": done, "eval": method.evaluate(done)})
+            if cfg.sync is not None and done % cfg.sync.every == 0:
+                _write(log, {"step": done, "sync": push_role(cfg, method, done)})
+            stopped_by = stop.signal if stop is not None and done < cfg.steps else None
+            # the last checkpoint lets a longer run resume; a stop saves where it is
+            if stopped_by or done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                _checkpoint(cfg, method, done, before + time.perf_counter() - t0)
+                plot_loss(out / "log.jsonl", out / "loss.png")
+            if stopped_by:
+                raise TrainingStopped(stopped_by, done, out / f"checkpoint-{done}")
     wall = before + time.perf_counter() - t0
     method.export(out / "final")
     plot_loss(out / "log.jsonl", out / "loss.png")
@@ -103,31 +119,84 @@ def _write(log, record: dict[str, Any]) -> None:
     log.flush()
 
 
-def _resume(out: Path, method: TrainMethod) -> tuple[int, float]:
+def checkpoints(out: str | Path) -> list[Path]:
+    """The ``checkpoint-<step>`` folders of a run, oldest first."""
+    return sorted(Path(out).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+
+
+def check_resumable(cfg: TrainConfig, checkpoint: Path) -> dict[str, Any]:
+    """The checkpoint's trainer state, or a ConfigError when another method or a config with other
+    :data:`TRAJECTORY_FIELDS` wrote it (continuing it would not be the run the config describes)."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    if state.get("method", cfg.method) != cfg.method:
+        raise ConfigError(
+            f"{checkpoint} was written by method {state['method']!r}; this config trains {cfg.method!r}, "
+            "and a run resumes only its own checkpoints. Fix: give this config its own output_dir "
+            "(or --output-dir), or resume with the config that wrote it"
+        )
+    saved, now = _flat(state.get("config", {})), _flat(_trajectory(cfg))
+    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+    if "config" in state and changed:  # checkpoints from before configs were recorded are not checked
+        diffs = "; ".join(f"{k}={now.get(k)!r} (checkpoint: {saved.get(k)!r})" for k in changed)
+        raise ConfigError(
+            f"{checkpoint} belongs to another config: {diffs}. A resumed run must train as the run that "
+            "wrote it. Fix: restore those values, or start fresh in a new output_dir (or --output-dir)"
+        )
+    return state
+
+
+def _trajectory(cfg: TrainConfig) -> dict[str, Any]:
+    return cfg.model_dump(mode="json", include=TRAJECTORY_FIELDS)
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 1}}`` as ``{"optim.lr": 1}`` (so a refusal names the exact field)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _resume(cfg: TrainConfig, method: TrainMethod) -> tuple[int, float]:
     """(step, wall seconds so far) of the newest checkpoint, loaded into ``method``; (0, 0) if none.
-    Log records past that step (written after the checkpoint, before a stop) are dropped."""
-    ckpts = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    Log records past that step (written after the checkpoint, before a stop) and staging folders of
+    saves that never finished are dropped."""
+    out = Path(cfg.output_dir)
+    for staging in out.glob(".checkpoint-*"):
+        shutil.rmtree(staging)
+    ckpts = checkpoints(out)
     if not ckpts:
         return 0, 0.0
+    state = check_resumable(cfg, ckpts[-1])
     method.load(ckpts[-1])
     torch.set_rng_state(load_file(str(ckpts[-1] / "rng.safetensors"))["torch"])
-    state = json.loads((ckpts[-1] / "trainer_state.json").read_text())
     log = out / "log.jsonl"
     if log.is_file():
         lines = [line for line in log.read_text().splitlines() if json.loads(line)["step"] <= state["step"]]
         log.write_text("".join(line + "\n" for line in lines))
+    print(f"resuming from {ckpts[-1]} (step {state['step']} of {cfg.steps})", file=sys.stderr, flush=True)
     return state["step"], state["wall_s"]
 
 
-def _checkpoint(out: Path, method: TrainMethod, step: int, keep: int, wall_s: float) -> None:
+def _checkpoint(cfg: TrainConfig, method: TrainMethod, step: int, wall_s: float) -> None:
+    """Write ``checkpoint-<step>`` through a staging folder renamed at the end: a crash or a second
+    Ctrl-C mid-save never leaves a half checkpoint. Keeps the newest ``cfg.keep_checkpoints``."""
+    out = Path(cfg.output_dir)
     staging = out / f".checkpoint-{step}"
     shutil.rmtree(staging, ignore_errors=True)
-    method.save(staging)
-    save_file({"torch": torch.get_rng_state()}, str(staging / "rng.safetensors"))
-    (staging / "trainer_state.json").write_text(json.dumps({"step": step, "wall_s": round(wall_s, 2)}))
-    staging.rename(out / f"checkpoint-{step}")  # a crash mid-save never leaves a half checkpoint
-    ckpts = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    for old in ckpts[:-keep]:
+    try:
+        method.save(staging)
+        save_file({"torch": torch.get_rng_state()}, str(staging / "rng.safetensors"))
+        state = {"step": step, "wall_s": round(wall_s, 2), "method": cfg.method, "config": _trajectory(cfg)}
+        (staging / "trainer_state.json").write_text(json.dumps(state))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    staging.rename(out / f"checkpoint-{step}")
+    for old in checkpoints(out)[: -cfg.keep_checkpoints]:
         shutil.rmtree(old)
 
 
