@@ -16,18 +16,15 @@ from fv_core.loop.contracts import (
     WorkUnitKind,
 )
 from fv_core.loop.observers import BehaviorRecord, BehaviorRecorder, Profiler, StepRecord
-from fv_core.loop.pins import batch_key, pin_versions, pinned, pinned_module, pinned_state, weights_on
-from fv_core.loop.runner import ActiveLoop, LoopRunner, check_params, run_plan
+from fv_core.loop.pins import batch_key, pinned, pinned_module, pinned_state
+from fv_core.loop.runner import ActiveLoop, LoopRunner, run_plan
 from fv_core.loop.samplers import euler_step, flow_match_sigmas
 from fv_core.loop.state_io import load_state, save_state
 
 __all__ = [
-    "weights_on",
     "pinned_state",
     "pinned_module",
     "pinned",
-    "pin_versions",
-    "check_params",
     "batch_key",
     "ActiveLoop",
     "BatchKey",

@@ -25,9 +25,8 @@ def pin_versions(request: Any, instance: Any) -> dict[str, dict[str, str]]:
     this stage is handed), else the instance's live ones."""
     carry = getattr(request, "carry", {}) or {}
     pins = {WEIGHTS: dict(carry.get(WEIGHTS) or getattr(instance, WEIGHTS, {}))}
-    adapters = carry.get(ADAPTERS) or getattr(request, ADAPTERS, None)
-    if adapters:
-        pins[ADAPTERS] = dict(adapters)
+    if carry.get(ADAPTERS):
+        pins[ADAPTERS] = dict(carry[ADAPTERS])
     return pins
 
 

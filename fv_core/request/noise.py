@@ -73,9 +73,9 @@ class NoiseDraws:
 
     def restore(self, states: dict[str, torch.Tensor]) -> NoiseDraws:
         """Continue the streams ``state()`` saved (the same params: the same streams)."""
-        self.generator.set_state(states["generator"])
+        self.generator.set_state(states["generator"].cpu())  # a resumed state may sit on the device
         if self.variation is not None:
-            self.variation.set_state(states["variation"])
+            self.variation.set_state(states["variation"].cpu())
         return self
 
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -13,6 +13,7 @@ from fv_core.loop import (
     WorkPlan,
     WorkUnitKind,
     batch_key,
+    pinned_module,
     pinned_state,
 )
 from fv_ltx2.model import LTX2Model
@@ -40,7 +41,7 @@ class LTX2UpsampleLoop:
         precision = str(inst.dtype).removeprefix("torch.")
         return WorkPlan(
             kind=WorkUnitKind.VAE_TILE,
-            body=partial(upsample_body, inst.component("latent_upsampler")),
+            body=partial(upsample_body, pinned_module(inst, state, "latent_upsampler")),
             inputs={"latents": latents},
             batch_key=batch_key(
                 inst, state, "latent_upsampler", "upsample", tuple(latents.shape[1:]), precision

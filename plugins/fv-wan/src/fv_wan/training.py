@@ -8,9 +8,9 @@ the server's forward. Text-to-video only (no image conditioning, one expert).
 Causal methods (self-forcing) get the causal loop's pieces too: its per-chunk schedule
 (:meth:`WanTrainAdapter.causal_schedule`), the prompt's text keys/values (:meth:`WanTrainAdapter.text_kv`)
 and one chunk pass (:meth:`WanTrainAdapter.chunk_velocity`) running
-``fv_wan.causal_transformer.chunk_body`` over a :class:`ChunkContext`: the rolling window of earlier chunks' keys/values held in tensors, padded and masked
-exactly as ``CausalWanLoop`` gathers them from its KV pool, so a training rollout's chunk forward is the
-served one.
+``fv_wan.causal_transformer.chunk_body`` over a :class:`ChunkContext`: the rolling window of earlier
+chunks' keys/values held in tensors, padded and masked exactly as ``CausalWanLoop`` gathers them from its
+KV pool, so a training rollout's chunk forward is the served one.
 """
 
 from __future__ import annotations
