@@ -49,15 +49,34 @@ def _distributions() -> dict[str, tuple[str, set[str], Path]]:
     return out
 
 
-def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
-    """``(line, module, names)`` of every absolute import in ``path`` (function-level ones included)."""
-    found = []
+def _imports(path: Path) -> list[tuple[int, str, tuple[str, ...]]]:
+    """``(line, module, names)`` of every absolute import in ``path`` (function-level ones included), and
+    of every ``fv_core.x.y`` reached by attribute after ``import fv_core``."""
+    found: set[tuple[int, str, tuple[str, ...]]] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module, [a.name for a in node.names]))
+            found.add((node.lineno, node.module, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, a.name, []) for a in node.names]
-    return found
+            found |= {(node.lineno, a.name, ()) for a in node.names}
+        elif isinstance(node, ast.Attribute) and (chain := _core_chain(node)):
+            found.add((node.lineno, *chain))
+    return sorted(found)
+
+
+def _core_chain(node: ast.Attribute) -> tuple[str, tuple[str, ...]] | None:
+    """``fv_core.a`` -> ``("fv_core", ("a",))``; ``fv_core.api.b`` -> ``("fv_core.api", ("b",))`` for a
+    documented subpackage ``api``, so the names are checked as an import of them would be."""
+    parts = [node.attr]
+    while isinstance(node.value, ast.Attribute):
+        node = node.value
+        parts.insert(0, node.attr)
+    if not (isinstance(node.value, ast.Name) and node.value.id == "fv_core"):
+        return None
+    if (
+        f"fv_core.{parts[0]}" in PLUGIN_API
+    ):  # the subpackage itself is public; what is taken from it is checked
+        return (f"fv_core.{parts[0]}", (parts[1],)) if len(parts) > 1 else None
+    return "fv_core", (parts[0],)
 
 
 def _core_violation(module: str, names: list[str]) -> str | None:
@@ -79,7 +98,7 @@ def test_plugins_import_only_the_documented_core_api():
             for line, module, names in _imports(path):
                 if module.split(".")[0] != "fv_core":
                     continue
-                problem = _core_violation(module, names)
+                problem = _core_violation(module, list(names))
                 if problem:
                     problems.append(f"{path.relative_to(REPO)}:{line}: {problem}")
     api = ", ".join(PLUGIN_API)
@@ -128,14 +147,17 @@ def test_contributing_documents_the_same_api():
 
 
 def test_the_boundary_test_sees_a_violation(tmp_path):
-    """The scan catches what it must: an internal module, a name outside __all__, a function-level import."""
+    """The scan catches what it must: an internal module, a name outside __all__, a function-level import,
+    and the same reached by attribute after ``import fv_core`` (while ``fv_core.load`` is public)."""
     bad = tmp_path / "bad.py"
     bad.write_text(
         "from fv_core.card.assemble import complete_card\n\ndef f():\n    from fv_core import Engine\n"
+        "import fv_core\nfv_core.card.assemble.complete_card(fv_core.Engine, fv_core.load)\n"
     )
-    problems = [_core_violation(m, n) for _, m, n in _imports(bad)]
-    assert problems[0] is not None and "not a documented core module" in problems[0]
-    assert problems[1] is not None and "Engine" in problems[1]
+    problems = [(line, p) for line, m, n in _imports(bad) if (p := _core_violation(m, list(n)))]
+    assert [line for line, _ in problems] == [1, 4, 6, 6]
+    assert "not a documented core module" in problems[0][1] and "Engine" in problems[1][1]
+    assert "'assemble'" in problems[2][1] + problems[3][1] and "Engine" in problems[2][1] + problems[3][1]
 
 
 FAMILIES = ("fv-wan", "fv-ltx2", "fv-bagel")
