@@ -39,6 +39,7 @@ from fv_core.training.rollout import (
     replay_step,
     rollout,
 )
+from fv_core.training.stop import StopRequest, TrainingStopped
 from fv_core.training.sync import SyncResult, WeightSyncPlan, push_weights, sync_weights
 from fv_core.training.trainer import (
     load_optimizer,
@@ -70,11 +71,13 @@ __all__ = [
     "RoleSpec",
     "Rollout",
     "StepRecord",
+    "StopRequest",
     "StrictModel",
     "SyncResult",
     "TrainAdapter",
     "TrainConfig",
     "TrainMethod",
+    "TrainingStopped",
     "WeightSyncPlan",
     "adapter_class",
     "call_of",

@@ -22,8 +22,7 @@ from safetensors.torch import load_file
 
 from fv_core import ConfigError
 from fv_core.cli import main
-from fv_core.training import train, validate
-from fv_core.training.stop import StopRequest
+from fv_core.training import StopRequest, train, validate
 from fv_core.training.trainer import check_resumable, checkpoints
 from tests.training.test_training_plane import NoisyRegression, _cfg
 
