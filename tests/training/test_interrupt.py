@@ -40,9 +40,9 @@ TINY_VAE = dict(
 
 
 def _vae_config(path: Path, out: Path) -> dict:
-    """The tiniest real config: fv-train-flow's ``vae`` method on a 4-channel VAE, 30 steps of 2 clips."""
+    """The tiniest real config: fv-train-flow's ``vae`` method on a 4-channel VAE, 20 steps of 2 clips."""
     cfg = {
-        "method": "vae", "output_dir": str(out), "steps": 30, "batch_size": 2, "log_every": 1,
+        "method": "vae", "output_dir": str(out), "steps": 20, "batch_size": 2, "log_every": 1,
         "eval_every": 1000, "checkpoint_every": 1000,
         "options": {"vae": TINY_VAE, "eval_clips": 2, "stats_clips": 4},
     }  # fmt: skip
@@ -76,13 +76,13 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_bit_for_bit(tmp_path):
     )
     assert stopped, err
     step = int(stopped[1])
-    assert 0 < step < 30 and Path(stopped[2]) == run / f"checkpoint-{step}"
+    assert 0 < step < 20 and Path(stopped[2]) == run / f"checkpoint-{step}"
     assert checkpoints(run) == [run / f"checkpoint-{step}"] and not (run / "final").exists()
     assert shlex.split(stopped[3]) == ["fv", "train", str(config), "--no-progress", "--resume", str(run)]
 
     resumed = subprocess.run([FV, *shlex.split(stopped[3])[1:]], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming from {run / f'checkpoint-{step}'} (step {step} of 30)" in resumed.stderr
+    assert f"resuming from {run / f'checkpoint-{step}'} (step {step} of 20)" in resumed.stderr
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as `fv train` runs it (threads: 1)
