@@ -23,7 +23,9 @@ def add_chat_parser(sub: Any) -> None:
     )
     chat.add_argument("message", nargs="?", help="one message to answer (default: read turns from stdin)")
     chat.add_argument("--model", help="card id (see `fv cards`)")
-    chat.add_argument("--weights", help="checkpoint folder (default: the card's embedded weights)")
+    chat.add_argument(
+        "--weights", help="checkpoint folder or Hugging Face id (default: the card's embedded weights)"
+    )
     chat.add_argument("--task", help="the card's text task (default: its first that outputs text)")
     chat.add_argument("--image", metavar="PATH", action="append", default=[], help="an image to ask about")
     chat.add_argument("--system", metavar="TEXT", help="text placed before the conversation")

@@ -102,6 +102,7 @@ def describe_card(registries: Registries, model_id: str) -> dict[str, Any]:
         loops={k: {"kind": v.kind.value, "steps": v.steps.model_dump()} for k, v in card.loops.items()},
         recipe=card.recipe.model_dump(),
         kernels=card.kernels,
+        weights_repo=card.weights_repo,
         kernels_available=kernel_variants(registries),
         interceptors_available=sorted(
             str(n) for n in registries.interceptors if interceptor_kind(registries, str(n)) in accepted

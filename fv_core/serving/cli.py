@@ -122,7 +122,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="a card id (see `fv cards`), or a deploy file (.yaml, .yml or .json)",
     )
     serve.add_argument(
-        "--weights", metavar="DIR", help="checkpoint folder of MODEL (default: the card's embedded weights)"
+        "--weights",
+        metavar="DIR|ID",
+        help="MODEL's checkpoint folder or Hugging Face id, OWNER/NAME[@REVISION] (default: the card's "
+        "embedded weights, else its published repo)",
     )
     serve.add_argument(
         "--ray",
