@@ -37,10 +37,11 @@ from fv_core.serving.schemas import (
     ImageContent,
     Usage,
 )
-from fv_core.serving.submission import Jobs, pick_task, prepare
+from fv_core.serving.submission import Jobs, ServedModel, pick_task, prepare
 
 DATA_URL = re.compile(r"^data:image/[\w.+-]+;base64,(?P<data>.*)$", re.DOTALL)
 FINISH = {"eos": "stop", "stop": "stop", "max_tokens": "length"}  # the loop's stop reason -> OpenAI's
+ROUTES = {"video": "/v1/videos", "image": "/v1/images/generations"}  # where a task's main output is asked for
 Delta = str | dict[str, Any]  # a chat's text as it is made: text deltas, then its result's metrics
 
 
@@ -51,6 +52,7 @@ class Chats(Jobs):
         """Queue a chat completion; returns (served model name, engine request id)."""
         self.check_taking_jobs()
         served = self.model(body.model)
+        check_answers_in_text(served)
         task = pick_task(served, None, "text")
         try:
             parts, prompt = await asyncio.to_thread(conversation, body.messages)  # decodes the images
@@ -92,6 +94,23 @@ class Chats(Jobs):
         """Collect an abandoned request's outcome so the engine forgets it."""
         with contextlib.suppress(Exception):
             await self.engine.result(rid)
+
+
+def check_answers_in_text(served: ServedModel) -> None:
+    """A 400 naming the model's tasks, what they output and where to ask for it, when it has no text task."""
+    programs = served.loaded.card.programs
+    if any(program.outputs[0] == "text" for program in programs.values()):
+        return
+    tasks = ", ".join(f"{task} ({program.outputs[0]})" for task, program in programs.items())
+    routes = sorted({ROUTES[p.outputs[0]] for p in programs.values() if p.outputs[0] in ROUTES})
+    raise ApiError(
+        400,
+        f"model {served.name!r} cannot chat: chat needs a task that answers in text, and its tasks are "
+        f"{tasks}. Fix: chat with a model that has a text task (e.g. bagel-tiny, from plugins/fv-bagel), "
+        f"or ask this one through {' or '.join(routes) or 'its own route'}.",
+        "unsupported_model",
+        "model",
+    )
 
 
 def _chats(request: Request) -> Chats:
