@@ -7,20 +7,49 @@ compared before any weight is touched.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fv_core.errors import ConfigError
 from fv_core.loop.contracts import LoopKind, WorkUnitKind
 
 ConsistencyLevel = Literal["C0", "C1", "C2", "C3", "C4"]
 PartKind = Literal["text", "image", "video", "audio"]  # kinds of request inputs and of artifacts
 
 
+# fields cards used to have -> where their values live now
+MOVED = {
+    "defaults": "cards no longer carry defaults at the top level; a task's defaults are "
+    "card.programs[TASK].defaults. Fix: set those, or register a "
+    "CardVariant(model_id=..., parent=..., defaults={TASK: {...}})",
+}
+
+
 class Spec(BaseModel):
-    """Base of every card section: strict, immutable-by-convention data."""
+    """Base of every card section: strict, immutable-by-convention data.
+
+    An unknown field is an error naming the fix at construction (``extra="forbid"``), on assignment and
+    in ``model_copy(update=...)``, which pydantic would otherwise keep, unvalidated, without a word."""
 
     model_config = ConfigDict(extra="forbid", frozen=False)
+
+    @classmethod
+    def _refuse_unknown(cls, names: Iterable[str]) -> None:
+        for name in names:
+            if name not in cls.model_fields:
+                why = MOVED.get(name, f"its fields are {sorted(cls.model_fields)}. Fix: use one of those")
+                raise ConfigError(f"{cls.__name__} has no field {name!r}: {why}.", param=name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_"):
+            self._refuse_unknown([name])
+        super().__setattr__(name, value)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        self._refuse_unknown(update or ())
+        return super().model_copy(update=update, deep=deep)
 
 
 class ComponentSpec(Spec):
