@@ -24,19 +24,10 @@ from fv_core import ConfigError
 from fv_core.cli import main
 from fv_core.training import StopRequest, train, validate
 from fv_core.training.trainer import check_resumable, checkpoints
+from tests.plugins.fv_train_flow.train_flow_support import TINY_VAE
 from tests.training.test_training_plane import NoisyRegression, _cfg
 
 FV = str(Path(sys.executable).parent / "fv")
-TINY_VAE = dict(
-    base_dim=4,
-    z_dim=16,
-    dim_mult=[1, 1, 1],
-    num_res_blocks=1,
-    temperal_downsample=[True, True],
-    patch_size=2,
-    in_channels=12,
-    out_channels=12,
-)
 
 
 def _vae_config(path: Path, out: Path) -> dict:
