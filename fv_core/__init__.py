@@ -14,27 +14,67 @@ and ``fv_core.runtime`` (CONTRIBUTING.md; ``tests/core/test_boundary.py`` enforc
 else is internal.
 """
 
-from fv_core.artifacts import AudioArtifact, ImageArtifact, TextArtifact, VideoArtifact
-from fv_core.deploy import DeploymentCard, load_deploy
-from fv_core.errors import (
-    AdmissionInfeasible,
-    Cancelled,
-    CardValidationError,
-    ConfigError,
-    DuplicateKeyError,
-    FvError,
-    LimitExceeded,
-    NonFiniteOutput,
-    PluginLoadError,
-    QueueFull,
-    RecipeLoopMismatch,
-    UnknownKeyError,
-    WeightsError,
-    explain,
-)
-from fv_core.load import load
-from fv_core.model import LoadedModel
-from fv_core.request import AudioPart, ImagePart, Part, TextPart, VideoPart
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fv_core.artifacts import AudioArtifact, ImageArtifact, TextArtifact, VideoArtifact
+    from fv_core.deploy import DeploymentCard, load_deploy
+    from fv_core.errors import (
+        AdmissionInfeasible,
+        Cancelled,
+        CardValidationError,
+        ConfigError,
+        DuplicateKeyError,
+        FvError,
+        LimitExceeded,
+        NonFiniteOutput,
+        PluginLoadError,
+        QueueFull,
+        RecipeLoopMismatch,
+        UnknownKeyError,
+        WeightsError,
+        explain,
+    )
+    from fv_core.load import load
+    from fv_core.model import LoadedModel
+    from fv_core.request import AudioPart, ImagePart, Part, TextPart, VideoPart
+
+# Each name is imported on first use, so the ``fv`` command starts without torch.
+_HOMES = {
+    **dict.fromkeys(["AudioArtifact", "ImageArtifact", "TextArtifact", "VideoArtifact"], "fv_core.artifacts"),
+    **dict.fromkeys(["DeploymentCard", "load_deploy"], "fv_core.deploy"),
+    **dict.fromkeys(["AudioPart", "ImagePart", "Part", "TextPart", "VideoPart"], "fv_core.request"),
+    "load": "fv_core.load",
+    "LoadedModel": "fv_core.model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``__all__`` (the errors' home is ``fv_core.errors``), else a submodule."""
+    if name in __all__:
+        value = getattr(importlib.import_module(_HOMES.get(name, "fv_core.errors")), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module 'fv_core' has no attribute {name!r}") from None
+
+
+class _Package(types.ModuleType):
+    """Importing the submodule ``fv_core.load`` does not hide the function ``fv_core.load``."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not (name == "load" and isinstance(value, types.ModuleType)):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __version__ = "0.1.0"
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fv_core.artifacts import TextArtifact
 from fv_core.errors import ConfigError
-from fv_core.request import Part, TextPart, image_part
+
+if TYPE_CHECKING:
+    from fv_core.request import Part
 
 
 def add_chat_parser(sub: Any) -> None:
@@ -31,14 +32,20 @@ def add_chat_parser(sub: Any) -> None:
     chat.add_argument("--system", metavar="TEXT", help="text placed before the conversation")
     chat.add_argument("--max-tokens", type=int, help="most new tokens per answer")
     chat.add_argument("--temperature", type=float, help="sampling temperature; 0: greedy")
-    chat.add_argument("--think", action="store_true", help="reason inside <think> ... </think> first")
+    chat.add_argument(
+        "--think",
+        action=argparse.BooleanOptionalAction,
+        help="reason inside <think> ... </think> first (default: the card's)",
+    )
     chat.add_argument("--seed", type=int, help="seed of the sampling")
     chat.set_defaults(func=cmd_chat)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from fv_core.artifacts import TextArtifact
     from fv_core.load import load
     from fv_core.plugins import load_plugins
+    from fv_core.request import TextPart, image_part
 
     model = load(args.model, args.weights, host=load_plugins())
     try:
@@ -48,8 +55,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 f"{model.card.model_id!r} has no task that answers in text (its tasks: {list(model.card.programs)}). "
                 "Fix: chat with a model that has one, e.g. bagel-tiny."
             )
-        params = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
-        params = {k: v for k, v in params.items() if v is not None} | ({"think": True} if args.think else {})
+        params = {
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "seed": args.seed,
+            "think": args.think,
+        }
+        params = {k: v for k, v in params.items() if v is not None}
         history: list[Part] = [TextPart(args.system)] if args.system else []
         history += [image_part(path) for path in args.image]
         turns = [args.message] if args.message is not None else _lines()

@@ -21,15 +21,16 @@ import sys
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 from fv_core import hookspecs
-from fv_core.card.spec import CardVariant, ModelCard
 from fv_core.errors import ConfigError
-from fv_core.kernels import check_kernel
 from fv_core.registry import REGISTRY_NAMES, Registries, resolve_lazy
+
+if TYPE_CHECKING:
+    from fv_core.card.spec import ModelCard
 
 __all__ = ["ENTRY_POINT_GROUP", "LoadError", "PluginHost", "PluginInfo", "RunFleet", "load_plugins"]
 
@@ -165,6 +166,8 @@ class PluginHost:
         return staged
 
     def _commit(self, plugin_name: str, staged: list[tuple[str, Hashable, Any]]) -> None:
+        from fv_core.kernels import check_kernel  # imports torch: only for a kernel given whole
+
         done: list[tuple[str, Hashable]] = []
         try:
             for registry_name, key, value in staged:
@@ -281,6 +284,8 @@ def _card_entry(*args: Any) -> tuple[str, Any]:
     """``register(card)``, ``register(factory)`` or ``register(model_id, factory_or_lazy)``."""
     if len(args) == 2:
         return args[0], args[1]
+    from fv_core.card.spec import CardVariant, ModelCard  # imports torch: only for a card given whole
+
     (value,) = args
     card = value if isinstance(value, ModelCard | CardVariant) else resolve_lazy(value)
     card = card() if callable(card) and not isinstance(card, ModelCard | CardVariant) else card
