@@ -47,14 +47,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from fv_core.plugins import load_plugins
     from fv_core.request import TextPart, image_part
 
-    model = load(args.model, args.weights, host=load_plugins())
+    host = load_plugins()
+    if args.model in host.registries.cards:  # a registered card is checked before its weights load
+        text_task(host.card(args.model), args.task)
+    model = load(args.model, args.weights, host=host)
     try:
-        task = args.task or next((t for t, p in model.card.programs.items() if p.outputs[0] == "text"), None)
-        if task is None:
-            raise ConfigError(
-                f"{model.card.model_id!r} has no task that answers in text (its tasks: {list(model.card.programs)}). "
-                "Fix: chat with a model that has one, e.g. bagel-tiny."
-            )
+        task = text_task(model.card, args.task)
         params = {
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
@@ -68,11 +66,35 @@ def cmd_chat(args: argparse.Namespace) -> int:
         for turn in turns:
             answer = model.generate(task=task, parts=history, prompt=turn, on_partial=_print_delta, **params)
             print(flush=True)
-            assert isinstance(answer, TextArtifact), f"task {task!r} outputs text"
+            assert isinstance(answer, TextArtifact), f"text_task checked that task {task!r} outputs text"
             history += [TextPart(turn), TextPart(answer.text)]
     finally:
         model.close()
     return 0
+
+
+def text_task(card: Any, asked: str | None) -> str:
+    """``asked`` (else the card's first task that answers in text) when it answers in text; else an error
+    naming the card's tasks, what each outputs, and the fix."""
+    programs = card.programs
+    task = asked or next((t for t, p in programs.items() if p.outputs[0] == "text"), None)
+    if task in programs and programs[task].outputs[0] == "text":
+        return task
+    tasks = ", ".join(f"{t} ({p.outputs[0]})" for t, p in programs.items())
+    texts = [t for t, p in programs.items() if p.outputs[0] == "text"]
+    if asked is None:
+        problem = f"{card.model_id!r} has no task that answers in text"
+    elif asked not in programs:
+        problem = f"{card.model_id!r} has no task {asked!r}"
+    else:
+        problem = f"task {asked!r} of {card.model_id!r} outputs {programs[asked].outputs[0]}, not text"
+    fix = (
+        f"chat with --task {' or --task '.join(texts)}"
+        if texts
+        else f"chat with a model that has a text task (e.g. bagel-tiny, from plugins/fv-bagel), or run this one "
+        f"with `fv generate --model {card.model_id} --task {asked if asked in programs else next(iter(programs))}`"
+    )
+    raise ConfigError(f"fv chat: {problem}; its tasks are {tasks}. Fix: {fix}.", param="task")
 
 
 def _lines() -> Any:

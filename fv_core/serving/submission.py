@@ -179,12 +179,33 @@ def pick_task(
     if task is None or task not in fit:
         raise ApiError(
             400,
-            f"model {served.name!r} has no task {asked!r} that outputs {output}s; its {output} tasks are "
-            f"{fit} (all tasks: {list(programs)}). Fix: ask for one of those, or another model.",
+            _no_task(served.name, programs, asked, output, fit),
             "unsupported_model" if not fit else "invalid_task",
             "task" if asked is not None else "model",
         )
     return task
+
+
+ROUTES = {"video": "/v1/videos", "image": "/v1/images/generations", "text": "/v1/chat/completions"}
+
+
+def _no_task(name: str, programs: dict[str, Any], asked: str | None, output: str, fit: list[str]) -> str:
+    """Why model ``name`` runs no ``asked`` task for a route that outputs ``output``: its tasks, what each
+    outputs, and the fix."""
+    tasks = ", ".join(f"{t} ({p.outputs[0]})" for t, p in programs.items())
+    if asked is None or asked not in programs:
+        problem = f"model {name!r} has no {output} task" + (f" {asked!r}" if asked is not None else "")
+    else:
+        problem = f"task {asked!r} of model {name!r} outputs {programs[asked].outputs[0]}, not {output}"
+    if fit:
+        fix = f"ask for task {' or '.join(repr(t) for t in fit)}, or leave task out"
+    else:
+        routes = sorted({ROUTES[p.outputs[0]] for p in programs.values() if p.outputs[0] in ROUTES})
+        fix = (
+            f"ask a model with a {output} task (`fv cards` lists each card's tasks), or this one through "
+            + (" or ".join(routes) or "its own route")
+        )
+    return f"{problem}; its tasks are {tasks}. Fix: {fix}."
 
 
 def raw_params(body: VideoBase | ImageBase) -> dict[str, Any]:
