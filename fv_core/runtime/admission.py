@@ -94,9 +94,10 @@ class AdmissionController:
             )
         if res + need.peak_bytes > b.memory_bytes:
             raise AdmissionInfeasible(
-                f"request {request_id!r}: memory needs {res} resident + {need.peak_bytes} peak = "
-                f"{res + need.peak_bytes} bytes but the budget is {b.memory_bytes:.0f} bytes; "
-                "raise Budget.memory_bytes or use a smaller shape"
+                f"request {request_id!r}: predicted memory needs {res} resident + {need.peak_bytes} peak = "
+                f"{res + need.peak_bytes} bytes but the memory budget is {b.memory_bytes:.0f} bytes, so it "
+                "can never run. Fix: use a smaller shape (fewer frames, lower resolution), or raise the "
+                "budget (a deploy file's scheduling.memory_budget_bytes; Budget.memory_bytes)"
             )
         pool = need.kv_pool
         if pool is not None and need.kv_pages > pool.num_pages:

@@ -7,12 +7,13 @@ must be equal, except block hooks (``BLOCKS_INPUT``): each plan's own hook
 goes into one :class:`~fv_core.loop.spans.BlockHooks` over its rows, so every
 request's interceptor decides on its rows alone. Tensor outputs are split back
 by rows, non-tensor outputs are shared. Measured time is attributed in proportion to each
-plan's predicted cost.
+plan's predicted cost. ``group_calls`` is the fair policy's grouping of a tick's plans into calls.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -97,3 +98,52 @@ def run_batch(plans: list[WorkPlan], profile: Profile) -> list[StepResult]:
         StepResult(out, seconds=seconds * share, batched_with=len(plans))
         for out, share in zip(split_outputs(outputs, sizes), shares, strict=True)
     ]
+
+
+@dataclass(slots=True)
+class Batch:
+    """Plans of two or more requests run as one call."""
+
+    entries: list[Any]  # owners (the scheduler's entries), one per plan
+    plans: list[WorkPlan]  # equal batch keys
+    rows: int = 0  # sum of batch_size
+
+
+Outcome = StepResult | list[StepResult | BaseException] | BaseException  # per plan for a batch
+
+
+def group_calls(selected: list[Any], batching: bool, max_rows: int) -> list[Any]:
+    """Entries (each with a pending plan) in order; those with equal batch keys join one Batch (up to
+    ``max_rows`` rows), the others stay lone calls."""
+    calls: list[Any] = []
+    open_at: dict[Any, int] = {}  # batch key -> index in calls of the call still taking rows
+    for entry in selected:
+        plan = entry.pending
+        assert isinstance(plan, WorkPlan), "only entries with a pending WorkPlan are grouped"
+        key = plan.batch_key if batching else None
+        at = open_at.get(key) if key is not None else None
+        if at is not None:
+            call = calls[at]
+            if not isinstance(call, Batch):  # a second plan joins: the lone entry becomes a batch
+                call = calls[at] = Batch([call], [call.pending], call.pending.batch_size)
+            if call.rows + plan.batch_size <= max_rows:
+                call.entries.append(entry)
+                call.plans.append(plan)
+                call.rows += plan.batch_size
+                continue
+        if key is not None:
+            open_at[key] = len(calls)
+        calls.append(entry)
+    return calls
+
+
+def measured_s(res: Outcome, plans: int) -> float:
+    """Measured seconds of one body call over all its plans; 0 unless every plan ran in it (none answered
+    by an interceptor, none failed, no out-of-memory split)."""
+    if isinstance(res, StepResult):
+        return res.seconds
+    if not isinstance(res, list) or not all(
+        isinstance(r, StepResult) and r.seconds > 0 and r.batched_with == plans for r in res
+    ):
+        return 0.0
+    return sum(r.seconds for r in res if isinstance(r, StepResult))

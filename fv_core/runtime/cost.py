@@ -5,13 +5,21 @@ LoopSpec step cost ``base_s + per_token_s * tokens`` of its loop. The
 Profiler feeds measured times back; the model keeps an EMA of actual/raw
 per calibration key (loop id, unit kind, instance: shape is already in the
 raw prediction) and predicts ``raw * ratio``.
+
+The batch curve is learned beside it: per curve key (loop id, unit kind, batch
+key: instance, shape bucket, precision) the measured seconds of one body call
+by its rows, so the scheduler can ask what a call of ``rows`` rows costs before
+deciding to batch (``batch_cost``). Each call's prediction and measurement are
+kept too (``record``), so a miscalibrated model shows (``accuracy``).
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
+from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +33,40 @@ class Calibration:
 
     ratio: float = 1.0  # EMA of actual / raw predicted seconds
     samples: int = 0  # measurements folded in
+
+
+@dataclass(slots=True)
+class BatchCurve:
+    """Measured seconds of one body call by its rows, for one loop and shape bucket."""
+
+    seconds: dict[int, float] = field(default_factory=dict)  # rows -> EMA of measured call seconds
+    alone_since_batch: int = 0  # calls run alone since the last batched measurement (re-probe clock)
+
+    def predict(self, rows: int) -> float | None:
+        """Seconds of a call of ``rows`` rows: measured, else the least-squares line through the
+        measured rows (one measured size: proportional to rows, no sharing assumed); None unmeasured."""
+        if rows in self.seconds:
+            return self.seconds[rows]
+        if not self.seconds:
+            return None
+        xs, ys = list(self.seconds), list(self.seconds.values())
+        if len(xs) == 1:
+            return ys[0] * rows / xs[0]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = max(
+            0.0,
+            sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs),
+        )
+        return max(my + slope * (rows - mx), min(ys))
+
+    def batched(self) -> bool:
+        """Whether a call of two or more rows was measured."""
+        return any(r > 1 for r in self.seconds)
+
+
+def curve_key(state: LoopState, plan: WorkPlan) -> Hashable | None:
+    """Loop, unit kind and batch key (instance, shape bucket, precision); None for a never-batched plan."""
+    return None if plan.batch_key is None else (state.loop_id, plan.kind.value, plan.batch_key)
 
 
 def calibration_key(state: LoopState, plan: WorkPlan) -> Hashable:
@@ -51,7 +93,11 @@ class CostModel:
         self.default_step_s = default_step_s  # raw cost of a plan with no cost_s and no registered model
         self._specs: dict[str, StepCostModel] = {}
         self._calib: dict[Hashable, Calibration] = {}
+        self._curves: dict[Hashable, BatchCurve] = {}
         self._lock = threading.Lock()
+        self.predicted_s = 0.0  # predicted seconds of every recorded call
+        self.measured_s = 0.0  # measured seconds of the same calls
+        self.errors: deque[float] = deque(maxlen=256)  # |measured / predicted - 1| of the latest calls
 
     def register(self, loop_id: str, step_cost: StepCostModel) -> None:
         """Use a LoopSpec's step cost model for plans of ``loop_id`` that carry no cost_s."""
@@ -90,3 +136,48 @@ class CostModel:
 
     def calibrations(self) -> dict[Hashable, Calibration]:
         return dict(self._calib)
+
+    def curve(self, key: Hashable) -> BatchCurve:
+        """The batch curve of a curve key (empty until a call is measured)."""
+        with self._lock:
+            return self._curves.setdefault(key, BatchCurve())
+
+    def batch_cost(self, key: Hashable | None, rows: int) -> float | None:
+        """Predicted seconds of one call of ``rows`` rows of ``key``; None when nothing was measured."""
+        return None if key is None else self.curve(key).predict(rows)
+
+    def observe_call(self, key: Hashable | None, rows: int, actual_s: float) -> None:
+        """Fold one measured body call of ``rows`` rows into its batch curve."""
+        if key is None or rows < 1 or actual_s <= 0:
+            return
+        curve = self.curve(key)
+        with self._lock:
+            old = curve.seconds.get(rows)
+            curve.seconds[rows] = actual_s if old is None else (1 - self.alpha) * old + self.alpha * actual_s
+            curve.alone_since_batch = 0 if rows > 1 else curve.alone_since_batch + 1
+
+    def price_call(
+        self, states: list[LoopState], plans: list[WorkPlan]
+    ) -> tuple[Hashable | None, int, float]:
+        """A body call's batch curve key, rows and predicted seconds: its batch curve's where measured,
+        else the calibrated seconds of its plans run apart."""
+        key, rows = curve_key(states[0], plans[0]), sum(p.batch_size for p in plans)
+        curve = self.batch_cost(key, rows)
+        apart = sum(self.predict(s, p) for s, p in zip(states, plans, strict=True))
+        return key, rows, apart if curve is None else curve
+
+    def record(self, predicted_s: float, measured_s: float) -> None:
+        """Keep one call's predicted and measured seconds (the accuracy the fleet sees)."""
+        if predicted_s <= 0 or measured_s <= 0:
+            return
+        with self._lock:
+            self.predicted_s += predicted_s
+            self.measured_s += measured_s
+            self.errors.append(abs(measured_s / predicted_s - 1))
+
+    def accuracy(self) -> dict[str, float]:
+        """Summed predicted and measured call seconds, and the median relative error of the latest calls."""
+        with self._lock:
+            errors = list(self.errors)
+        median = statistics.median(errors) if errors else 0.0
+        return {"predicted_s": self.predicted_s, "measured_s": self.measured_s, "median_rel_error": median}

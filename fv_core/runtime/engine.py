@@ -3,7 +3,8 @@
 Signatures (a work item is ``(loop_or_program, request, instance)``)::
 
     engine = Engine(budget=Budget(compute_s=60, memory_bytes=8 << 30), profile=Profile.SERVE,
-                    device="cpu", observers=(), interceptors=(), on_event=None, max_batch_rows=8)
+                    device="cpu", observers=(), interceptors=(), on_event=None, max_batch_rows=8,
+                    scheduling=SchedulingPolicy("auto"))   # or a deploy's scheduling section
     engine.run_one(loop, request, instance, state=None) -> LoopResult      # raises Cancelled
     engine.run_serial(items) -> list[LoopResult | None]       # one after another
     engine.run_interleaved(items) -> list[LoopResult | None]  # step by step, never batched
@@ -19,6 +20,8 @@ the LoopResult, or ``error`` / ``cancelled`` carrying the exception).
 ``state`` resumes a loop from a saved LoopState. ``freeze_heap()`` after loading
 models keeps garbage-collection pauses independent of the process's heap; each run ends with
 ``release_heap()``, so the heap its steps freed does not stay resident while the engine is idle.
+``scheduling`` picks the policy (policy.py: ``fair``, the default here, ``fifo`` or ``auto``; a deploy
+file's default is ``auto``); a deploy section's ``memory_budget_bytes`` caps ``budget.memory_bytes``.
 The engine owns one CostModel calibrated by a Profiler observer, and one AdmissionController. ``at_boundary`` (from
 another thread while a run goes on, or when idle) runs ``fn(scheduler)`` between two ticks of the
 run in progress, else at once: a weight sync swaps weights there.
@@ -46,6 +49,7 @@ from fv_core.loop.observers import Profiler
 from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Budget
 from fv_core.runtime.cost import CostModel
+from fv_core.runtime.policy import SchedulingPolicy
 from fv_core.runtime.scheduler import Entry, Scheduler, SchedulerConfig, WorkItem, settle
 
 
@@ -97,12 +101,18 @@ class Engine:
         cost_model: CostModel | None = None,
         max_batch_rows: int = 8,
         max_units_per_tick: int = 0,
+        scheduling: Any = None,
     ) -> None:
         self.cost = cost_model or CostModel()
         self.profiler = Profiler(self.cost)
         self.ctx = LoopContext(
             profile, torch.device(device), (self.profiler, *observers), tuple(interceptors)
         )
+        self.policy = SchedulingPolicy.from_settings(scheduling)
+        cap = getattr(scheduling, "memory_budget_bytes", None)
+        if cap is not None:
+            budget = budget or Budget()
+            budget.memory_bytes = min(budget.memory_bytes, cap)
         self.admission = AdmissionController(budget)
         self.on_event = on_event
         self.max_batch_rows = max_batch_rows
@@ -117,7 +127,7 @@ class Engine:
 
     def scheduler(self, batching: bool) -> Scheduler:
         """A scheduler sharing this engine's context, budget, cost model and event sink."""
-        config = SchedulerConfig(batching, self.max_batch_rows, self.max_units_per_tick)
+        config = SchedulerConfig(batching, self.max_batch_rows, self.max_units_per_tick, policy=self.policy)
         return Scheduler(self.ctx, self.admission, self.cost, config, self.on_event)
 
     def run_one(

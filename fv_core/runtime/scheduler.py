@@ -1,12 +1,17 @@
 """The step scheduler: schedule -> execute -> update, one tick at a time.
 
 Each tick (``step``): drop cancelled requests at the step boundary, admit
-waiting requests while the named budgets allow (AdmissionController), pick
-at most one WorkUnit per running request, least recently served first,
-group compatible plans by batch key into batched calls, run them, fold the
+waiting requests while the named budgets allow (AdmissionController), plan
+each running request's next WorkUnit, let the policy (``SchedulerConfig.policy``,
+see policy.py: fair / fifo / auto) pick the calls to make, run them, fold the
 results back (LoopRunner.complete), stream events, and finish loops that
-returned Done (refunding their reservation). All per-request state lives in
-the requests' LoopStates; the scheduler holds only queues and reservations.
+returned Done (refunding their reservation). Each call is priced before it
+runs (batch curve, else the calibrated plans) and measured after: the
+measurement feeds the batch curve and the prediction advances the scheduler's
+clock, on which the auto policy counts ages. A batched call that runs out of
+memory is split and its rows retried alone (oom.py). All per-request state
+lives in the requests' LoopStates; the scheduler holds only queues and
+reservations.
 
 Loops may define ``estimate(state) -> (raw_seconds, peak_bytes)`` for their
 remaining work; otherwise admission budgets the first plan's cost times the
@@ -33,7 +38,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,8 +49,10 @@ from fv_core.loop.contracts import Done, Loop, LoopResult, LoopState, StepResult
 from fv_core.loop.runner import ActiveLoop, LoopRunner, check_params, run_plan
 from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Estimate, Reservation
-from fv_core.runtime.batching import run_batch
-from fv_core.runtime.cost import CostModel, calibration_key
+from fv_core.runtime.batching import Batch, Outcome, group_calls, measured_s, run_batch
+from fv_core.runtime.cost import CostModel, calibration_key, curve_key
+from fv_core.runtime.oom import OOM_ERRORS, out_of_memory, retry_alone
+from fv_core.runtime.policy import Candidate, Decisions, SchedulingPolicy, pick_auto
 
 WorkItem = tuple[Loop | Program, Any, Any]  # (loop or program, request, instance)
 
@@ -68,6 +75,7 @@ class SchedulerConfig:
     max_batch_rows: int = 8  # rows per batched call
     max_units_per_tick: int = 0  # WorkUnits per tick; 0: one per running request
     open_loop_steps: int = 256  # steps budgeted for a loop whose total_steps is None
+    policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)  # which calls each tick makes
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +88,9 @@ class Entry:
     cancel_reason: str | None = None  # set by cancel(), applied at the next step boundary
     phase: str = "new"  # new -> waiting -> running -> finished
     seq: int = 0  # submit order (FIFO tie-break)
+    arrived: float = 0.0  # scheduler clock at submit
+    solo_s: float = 0.0  # predicted seconds of its stages alone, each counted when it starts
+    started: bool = False  # ran a step
     stage: int = 0  # current program stage (0 for a plain loop)
     stage_results: dict[str, LoopResult] = field(default_factory=dict)  # finished program stages
     active: ActiveLoop | None = None  # current loop in flight
@@ -101,17 +112,8 @@ class Entry:
         return self.active
 
 
-@dataclass(slots=True)
-class Batch:
-    """Plans of two or more requests run as one call."""
-
-    entries: list[Entry]  # owners, one per plan
-    plans: list[WorkPlan]  # equal batch keys
-    rows: int = 0  # sum of batch_size
-
-
 Call = Entry | Batch  # one body call: a lone entry's pending plan, or a batch
-Outcome = StepResult | list[StepResult] | BaseException  # what a call returned (per plan for a batch)
+Priced = tuple[Hashable | None, int, float]  # a call's batch curve key, rows and predicted seconds
 
 
 @dataclass(slots=True)
@@ -120,6 +122,7 @@ class SchedulerOutput:
 
     calls: list[Call]  # body calls to make, in service order
     finished: list[Entry]  # loops whose next() returned Done
+    priced: list[Priced] = field(default_factory=list)  # per call, before it runs
 
 
 class Scheduler:
@@ -143,6 +146,9 @@ class Scheduler:
         self.running: deque[Entry] = deque()  # service order, least recently served first
         self.n_waiting = 0  # live entries in waiting
         self.tick = 0  # ticks run
+        self.clock = 0.0  # predicted seconds of the calls run so far (ages are counted on it)
+        self.decisions = Decisions()  # what schedule() decided, counted
+        self._lead: Entry | None = None  # auto: the lead of the last call
         self._seq = itertools.count()
         self._cancel_ids: set[str] = set()  # cancel requests, applied at the next boundary
         self._boundary: deque[tuple[Callable[[Scheduler], Any], Future]] = deque()  # see at_boundary
@@ -166,7 +172,7 @@ class Scheduler:
                 f"retry after {retry:.3f} s",
                 retry_after_s=retry,
             )
-        entry = Entry(request, runnable, instance, seq=next(self._seq))
+        entry = Entry(request, runnable, instance, seq=next(self._seq), arrived=self.clock)
         self._start_stage(entry, state)
         self.entries[entry.request_id] = entry
         self._enqueue(entry, rank=1)
@@ -223,8 +229,83 @@ class Scheduler:
         self.tick += 1
 
     def schedule(self) -> SchedulerOutput:
-        """At most one unit per running request, least recently served first, grouped by batch key."""
-        limit = self.config.max_units_per_tick or len(self.running)
+        """Plan the running requests' next steps; the policy picks the calls; each call is priced."""
+        policy = self.config.policy.policy
+        limit = (self.config.max_units_per_tick if policy == "fair" else 0) or len(self.running)
+        selected, finished = self._ready(limit)
+        calls: list[Call] = []
+        if selected and policy == "fair":
+            calls = group_calls(selected, self.config.batching, self.config.max_batch_rows)
+        elif selected and policy == "fifo":
+            calls = [min(selected, key=lambda e: e.seq)]
+        elif selected:
+            calls = [self._pick_auto(selected)]
+        out = SchedulerOutput(calls, finished)
+        for call in calls:
+            out.priced.append(self._price(call))
+        return out
+
+    def execute(self, out: SchedulerOutput) -> list[Outcome]:
+        """Run each call: interceptors may answer plans; the rest run as one body call."""
+        results: list[Outcome] = []
+        for call in out.calls:
+            try:
+                results.append(self._run_alone(call) if isinstance(call, Entry) else self._run_batch(call))
+            except OOM_ERRORS as exc:  # only a lone call gets here: a batch retries its rows alone
+                assert isinstance(call, Entry) and isinstance(call.pending, WorkPlan)
+                results.append(
+                    out_of_memory(call.request_id, call.pending, 1, self.admission.budget.memory_bytes, exc)
+                )
+            except Exception as exc:  # a failing body fails the requests of its call only
+                results.append(exc)
+        return results
+
+    def update(self, out: SchedulerOutput, results: list[Outcome]) -> None:
+        """Fold results back, stream events, spend reservations, learn the costs, finish Done loops."""
+        for call, res, (key, rows, predicted) in zip(out.calls, results, out.priced, strict=True):
+            if isinstance(call, Entry):
+                assert not isinstance(res, list), "a lone call returns one result"
+                self._fold(call, res)
+            else:
+                for i, entry in enumerate(call.entries):
+                    self._fold(entry, res[i] if isinstance(res, list) else res)
+            measured = measured_s(res, len(call.entries) if isinstance(call, Batch) else 1)
+            if measured > 0:
+                self.cost.observe_call(key, rows, measured)
+                self.cost.record(predicted, measured)
+            self.clock += predicted
+        for entry in out.finished:
+            self._finish_stage(entry)
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _run_alone(self, entry: Entry) -> StepResult:
+        plan = entry.pending
+        assert isinstance(plan, WorkPlan), "a scheduled entry has a pending WorkPlan"
+        return self.runner.before(entry.active_loop, plan) or run_plan(plan, self.ctx.profile)
+
+    def _run_batch(self, batch: Batch) -> list[StepResult | BaseException]:
+        answers: list[StepResult | BaseException | None] = [
+            self.runner.before(e.active_loop, p) for e, p in zip(batch.entries, batch.plans, strict=True)
+        ]
+        todo = [i for i, a in enumerate(answers) if a is None]
+        if todo:
+            plans, rids = [batch.plans[i] for i in todo], [batch.entries[i].request_id for i in todo]
+            try:
+                ran: list[StepResult | BaseException] = list(run_batch(plans, self.ctx.profile))
+            except OOM_ERRORS as exc:
+                if len(plans) == 1:
+                    ran = [out_of_memory(rids[0], plans[0], 1, self.admission.budget.memory_bytes, exc)]
+                else:
+                    self.decisions.split += 1
+                    ran = retry_alone(rids, plans, self.ctx.profile, self.admission.budget.memory_bytes)
+            for i, r in zip(todo, ran, strict=True):
+                answers[i] = r
+        return answers  # type: ignore[return-value]
+
+    def _ready(self, limit: int) -> tuple[list[Entry], list[Entry]]:
+        """Up to ``limit`` running entries with their next plan, least recently served first (they go
+        to the back of the service order); and the entries whose loop returned Done."""
         selected: list[Entry] = []
         finished: list[Entry] = []
         for _ in range(len(self.running)):
@@ -237,47 +318,37 @@ class Scheduler:
                 entry.pending = self._plan(entry)
             (finished if isinstance(entry.pending, Done) else selected).append(entry)
         self.running.extend(selected)
-        return SchedulerOutput(self._group(selected), finished)
+        return selected, finished
 
-    def execute(self, out: SchedulerOutput) -> list[Outcome]:
-        """Run each call: interceptors may answer plans; the rest run as one body call."""
-        results: list[Outcome] = []
-        for call in out.calls:
-            try:
-                results.append(self._run_alone(call) if isinstance(call, Entry) else self._run_batch(call))
-            except Exception as exc:  # a failing body fails the requests of its call only
-                results.append(exc)
-        return results
+    def _pick_auto(self, selected: list[Entry]) -> Call:
+        """The auto policy's one call of this tick (see policy.py), its decisions counted."""
+        cands = [self._candidate(e) for e in selected]
+        rows = self.config.max_batch_rows if self.config.batching else 1
+        call, why = pick_auto(cands, self.cost, self.config.policy, self.clock, self._lead, rows)
+        lead = call[0].entry
+        if self._lead is not None and lead is not self._lead and self._lead in selected:
+            self.decisions.preempt += 1
+        self.decisions.probe += why == "probe"
+        self.decisions.late += call[0].due <= self.clock
+        self._lead = lead
+        if len(call) == 1:
+            return lead
+        plans = [c.entry.pending for c in call]
+        return Batch([c.entry for c in call], plans, sum(p.batch_size for p in plans))
 
-    def update(self, out: SchedulerOutput, results: list[Outcome]) -> None:
-        """Fold results back, stream events, spend reservations, finish Done loops."""
-        for call, res in zip(out.calls, results, strict=True):
-            if isinstance(call, Entry):
-                assert not isinstance(res, list), "a lone call returns one result"
-                self._fold(call, res)
-            else:
-                for i, entry in enumerate(call.entries):
-                    self._fold(entry, res[i] if isinstance(res, list) else res)
-        for entry in out.finished:
-            self._finish_stage(entry)
+    def _candidate(self, entry: Entry) -> Candidate:
+        state, plan, policy = entry.active_loop.state, entry.pending, self.config.policy
+        assert isinstance(plan, WorkPlan), "a candidate has a pending WorkPlan"
+        left, step_s = self._remaining(entry), self.cost.predict(state, plan)
+        due = policy.due(entry.arrived, entry.solo_s, left, entry.started)
+        return Candidate(entry, curve_key(state, plan), plan.batch_size, step_s, left, due, entry.seq)
 
-    # -- helpers ------------------------------------------------------------------------------------
-
-    def _run_alone(self, entry: Entry) -> StepResult:
-        plan = entry.pending
-        assert isinstance(plan, WorkPlan), "a scheduled entry has a pending WorkPlan"
-        return self.runner.before(entry.active_loop, plan) or run_plan(plan, self.ctx.profile)
-
-    def _run_batch(self, batch: Batch) -> list[StepResult]:
-        answers = [
-            self.runner.before(e.active_loop, p) for e, p in zip(batch.entries, batch.plans, strict=True)
-        ]
-        todo = [i for i, a in enumerate(answers) if a is None]
-        if todo:
-            ran = run_batch([batch.plans[i] for i in todo], self.ctx.profile)
-            for i, r in zip(todo, ran, strict=True):
-                answers[i] = r
-        return answers  # type: ignore[return-value]
+    def _price(self, call: Call) -> Priced:
+        """A call's batch curve key, rows and predicted seconds (see CostModel.price_call); counted."""
+        entries, plans = ([call], [call.pending]) if isinstance(call, Entry) else (call.entries, call.plans)
+        self.decisions.batch += len(entries) > 1
+        self.decisions.alone += len(entries) == 1
+        return self.cost.price_call([e.active_loop.state for e in entries], plans)  # type: ignore[arg-type]
 
     def _fold(self, entry: Entry, res: StepResult | BaseException) -> None:
         """Spend the step's share of the reservation and fold its result into the loop."""
@@ -293,34 +364,9 @@ class Scheduler:
         except Exception as exc:
             self._fail(entry, exc)
             return
-        entry.pending = None
+        entry.pending, entry.started = None, True
         for event in events:
             self._emit(event)
-
-    def _group(self, selected: list[Entry]) -> list[Call]:
-        """Plans with equal batch keys join one Batch (up to max_batch_rows); the others run alone."""
-        calls: list[Call] = []
-        open_at: dict[Any, int] = {}  # batch key -> index in calls of the call still taking rows
-        for entry in selected:
-            plan = entry.pending
-            assert isinstance(plan, WorkPlan), "schedule() selects only entries with a pending WorkPlan"
-            key = plan.batch_key if self.config.batching else None
-            at = open_at.get(key) if key is not None else None
-            if at is not None:
-                call = calls[at]
-                if isinstance(call, Entry):  # a second plan joins: the lone entry becomes a batch
-                    first = call.pending
-                    assert isinstance(first, WorkPlan), "a lone call's entry has a pending WorkPlan"
-                    call = calls[at] = Batch([call], [first], first.batch_size)
-                if call.rows + plan.batch_size <= self.config.max_batch_rows:
-                    call.entries.append(entry)
-                    call.plans.append(plan)
-                    call.rows += plan.batch_size
-                    continue
-            if key is not None:
-                open_at[key] = len(calls)
-            calls.append(entry)
-        return calls
 
     def _plan(self, entry: Entry) -> WorkPlan | Done:
         active = entry.active_loop
@@ -337,6 +383,7 @@ class Scheduler:
         entry.active = self.runner.start(loop, request, entry.instance, self.ctx, state)
         entry.pending = self._plan(entry)
         entry.need = self._estimate(entry)
+        entry.solo_s += entry.need.compute_s
         self.admission.check_feasible(entry.request_id, entry.need, entry.instance)
 
     def _estimate(self, entry: Entry) -> Estimate:
@@ -345,14 +392,22 @@ class Scheduler:
         if isinstance(plan, Done):
             return Estimate(0.0, 0, kv_pool, kv_pages)
         assert plan is not None, "_start_stage plans the first step before estimating"
-        ratio = entry.ratio = self.cost.ratio(calibration_key(state, plan))
+        entry.ratio = self.cost.ratio(calibration_key(state, plan))
+        peak = max(loop.estimate(state)[1], plan.peak_bytes) if hasattr(loop, "estimate") else plan.peak_bytes
+        return Estimate(self._remaining(entry), peak, kv_pool, kv_pages)
+
+    def _remaining(self, entry: Entry) -> float:
+        """Predicted seconds of the current stage's remaining steps, run alone (calibrated)."""
+        plan, state, loop = entry.pending, entry.active_loop.state, entry.active_loop.loop
+        if not isinstance(plan, WorkPlan):
+            return 0.0
+        ratio = self.cost.ratio(calibration_key(state, plan))
         if hasattr(loop, "estimate"):
-            raw_s, peak = loop.estimate(state)
-            return Estimate(raw_s * ratio, max(peak, plan.peak_bytes), kv_pool, kv_pages)
+            return loop.estimate(state)[0] * ratio
         left = (
             state.total_steps - state.step if state.total_steps is not None else self.config.open_loop_steps
         )
-        return Estimate(plan.cost_s * ratio * max(left, 1), plan.peak_bytes, kv_pool, kv_pages)
+        return plan.cost_s * ratio * max(left, 1)
 
     def _enqueue(self, entry: Entry, rank: int) -> None:
         entry.phase = "waiting"

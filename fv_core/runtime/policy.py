@@ -1,0 +1,130 @@
+"""Scheduling policies: which WorkUnits run in a tick, decided from the cost model.
+
+- ``fair``: every running request's next step each tick, least recently served first, compatible
+  steps batched (time-sharing).
+- ``fifo``: request-level FIFO: the oldest admitted request's steps, alone, until it finishes.
+- ``auto``: one call per tick. Its lead is the request with the least predicted remaining seconds
+  (SRPT; switching lead at a step boundary is a preemption, and it lowers predicted mean latency
+  exactly when the new lead has less work left), unless a request is late: its age plus its
+  remaining work reaches ``max_wait_factor`` x its predicted solo time, or it has not run a step
+  ``ttfs_target_s`` after it arrived; the late lead, earliest deadline first. The lead's compatible
+  peers (equal batch keys) join its call only while the batch curve predicts the batched call to
+  cost at least ``margin`` less than its rows run apart. A curve with no batched measurement is
+  probed with two rows, and re-probed after ``probe_every`` calls alone, so the curve is measured,
+  never assumed.
+
+Ages are counted on the scheduler's clock: the predicted seconds of the calls it ran, so a decision
+depends on the cost model only, never on wall time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fv_core.errors import ConfigError
+from fv_core.runtime.cost import CostModel
+
+POLICIES = ("auto", "fifo", "fair")
+
+
+@dataclass(slots=True)
+class SchedulingPolicy:
+    """How a scheduler picks work (the deploy file's ``scheduling`` section)."""
+
+    policy: Literal["auto", "fifo", "fair"] = "fair"  # see the module docstring
+    max_wait_factor: float = 4.0  # auto: a request is done within this x its predicted solo time
+    ttfs_target_s: float | None = None  # auto: a request runs its first step within this (None: no target)
+    margin: float = 0.1  # auto: batch when the batched call costs <= (1 - margin) x its rows apart
+    probe_every: int = 64  # auto: calls alone of a batch key between two probes of its batch curve
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(
+                f"scheduling policy {self.policy!r} is unknown. Fix: use one of {list(POLICIES)}."
+            )
+        if self.max_wait_factor < 1:
+            raise ConfigError(
+                f"scheduling max_wait_factor={self.max_wait_factor} is below 1: no request can finish "
+                "before its own solo time. Fix: use a factor >= 1 (default 4)."
+            )
+
+    def due(self, arrived: float, solo_s: float, remaining_s: float, started: bool) -> float:
+        """The clock at which a request becomes late: its age plus its remaining work reach
+        max_wait_factor x its solo time, or (not started yet) its age reaches ttfs_target_s."""
+        due = arrived + self.max_wait_factor * solo_s - remaining_s
+        return due if started or self.ttfs_target_s is None else min(due, arrived + self.ttfs_target_s)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SchedulingPolicy:
+        """From an object with ``policy``, ``max_wait_factor`` and ``ttfs_target_s`` (a deploy's section)."""
+        if settings is None or isinstance(settings, cls):
+            return settings or cls()
+        return cls(settings.policy, settings.max_wait_factor, settings.ttfs_target_s)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A running request's next step, priced for a decision."""
+
+    entry: Any  # the scheduler's Entry
+    key: Hashable | None  # batch curve key of its plan (None: never batched)
+    rows: int  # rows its plan adds to a call
+    step_s: float  # predicted seconds of its next step alone
+    remaining_s: float  # predicted seconds of all its remaining work alone
+    due: float  # scheduler clock at which it becomes late (see the module docstring)
+    seq: int  # submit order (tie-break)
+
+
+@dataclass(slots=True)
+class Decisions:
+    """What the scheduler decided, counted (exported as metrics)."""
+
+    batch: int = 0  # calls of two or more requests' steps
+    alone: int = 0  # calls of one request's step
+    preempt: int = 0  # auto: the lead changed while the previous lead still had work
+    probe: int = 0  # auto: batched calls made to measure the batch curve (counted in batch too)
+    late: int = 0  # auto: calls led by a late request (aging bound or time-to-first-step target)
+    split: int = 0  # batched calls that ran out of memory and were retried row by row
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def pick_auto(
+    cands: list[Candidate], cost: CostModel, policy: SchedulingPolicy, clock: float, last: Any, max_rows: int
+) -> tuple[list[Candidate], str]:
+    """The call to make: the lead first, then the peers that join it; and why (alone / batch / probe)."""
+    late = [c for c in cands if c.due <= clock]
+    if late:
+        lead = min(late, key=lambda c: (c.due, c.seq))
+    else:  # ties keep the lead of the last call: no preemption that gains nothing
+        lead = min(cands, key=lambda c: (c.remaining_s, c.entry is not last, c.seq))
+    peers = sorted(
+        (c for c in cands if c is not lead and c.key is not None and c.key == lead.key),
+        key=lambda c: (c.remaining_s, c.seq),
+    )
+    peers = [c for c in peers if lead.rows + c.rows <= max_rows]
+    if not peers:
+        return [lead], "alone"
+    curve = cost.curve(lead.key)
+    if not curve.batched() or curve.alone_since_batch >= policy.probe_every:
+        return [lead, peers[0]], "probe"
+    call, best = [lead], [lead]
+    rows, apart = lead.rows, solo_cost(cost, lead)
+    for peer in peers:
+        if rows + peer.rows > max_rows:
+            break
+        call.append(peer)
+        rows, apart = rows + peer.rows, apart + solo_cost(cost, peer)
+        batched = cost.batch_cost(lead.key, rows)
+        if batched is not None and batched <= (1 - policy.margin) * apart:
+            best = list(call)
+    return best, "batch" if len(best) > 1 else "alone"
+
+
+def solo_cost(cost: CostModel, cand: Candidate) -> float:
+    """Predicted seconds of a candidate's step alone: its batch curve's, else its plan's calibrated cost."""
+    measured = cost.batch_cost(cand.key, cand.rows)
+    return cand.step_s if measured is None else measured
