@@ -137,6 +137,9 @@ class CostModel:
     def calibrations(self) -> dict[Hashable, Calibration]:
         return dict(self._calib)
 
+    def curves(self) -> dict[Hashable, BatchCurve]:
+        return dict(self._curves)
+
     def curve(self, key: Hashable) -> BatchCurve:
         """The batch curve of a curve key (empty until a call is measured)."""
         with self._lock:

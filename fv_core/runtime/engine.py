@@ -49,7 +49,7 @@ from fv_core.loop.observers import Profiler
 from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Budget
 from fv_core.runtime.cost import CostModel
-from fv_core.runtime.policy import SchedulingPolicy
+from fv_core.runtime.policy import Decisions, SchedulingPolicy
 from fv_core.runtime.scheduler import Entry, Scheduler, SchedulerConfig, WorkItem, settle
 
 
@@ -109,6 +109,7 @@ class Engine:
             profile, torch.device(device), (self.profiler, *observers), tuple(interceptors)
         )
         self.policy = SchedulingPolicy.from_settings(scheduling)
+        self.decisions = Decisions()  # what its schedulers decided, counted over every run
         cap = getattr(scheduling, "memory_budget_bytes", None)
         if cap is not None:
             budget = budget or Budget()
@@ -128,7 +129,9 @@ class Engine:
     def scheduler(self, batching: bool) -> Scheduler:
         """A scheduler sharing this engine's context, budget, cost model and event sink."""
         config = SchedulerConfig(batching, self.max_batch_rows, self.max_units_per_tick, policy=self.policy)
-        return Scheduler(self.ctx, self.admission, self.cost, config, self.on_event)
+        sched = Scheduler(self.ctx, self.admission, self.cost, config, self.on_event)
+        sched.decisions = self.decisions
+        return sched
 
     def run_one(
         self, loop: Loop | Program, request: Any, instance: Any, state: LoopState | None = None

@@ -7,7 +7,8 @@
   (SRPT; switching lead at a step boundary is a preemption, and it lowers predicted mean latency
   exactly when the new lead has less work left), unless a request is late: its age plus its
   remaining work reaches ``max_wait_factor`` x its predicted solo time, or it has not run a step
-  ``ttfs_target_s`` after it arrived; the late lead, earliest deadline first. The lead's compatible
+  ``ttfs_target_s`` after it arrived; then the late request leads, earliest deadline first, and keeps
+  the lead until it is done (the bound holds while the load leaves room for it). The lead's compatible
   peers (equal batch keys) join its call only while the batch curve predicts the batched call to
   cost at least ``margin`` less than its rows run apart. A curve with no batched measurement is
   probed with two rows, and re-probed after ``probe_every`` calls alone, so the curve is measured,
@@ -97,8 +98,8 @@ def pick_auto(
 ) -> tuple[list[Candidate], str]:
     """The call to make: the lead first, then the peers that join it; and why (alone / batch / probe)."""
     late = [c for c in cands if c.due <= clock]
-    if late:
-        lead = min(late, key=lambda c: (c.due, c.seq))
+    if late:  # a late lead keeps the lead until it is done: late requests are not preempted
+        lead = min(late, key=lambda c: (c.entry is not last, c.due, c.seq))
     else:  # ties keep the lead of the last call: no preemption that gains nothing
         lead = min(cands, key=lambda c: (c.remaining_s, c.entry is not last, c.seq))
     peers = sorted(

@@ -89,7 +89,7 @@ class Entry:
     phase: str = "new"  # new -> waiting -> running -> finished
     seq: int = 0  # submit order (FIFO tie-break)
     arrived: float = 0.0  # scheduler clock at submit
-    solo_s: float = 0.0  # predicted seconds of its stages alone, each counted when it starts
+    solo_raw: float = 0.0  # uncalibrated seconds of its stages run alone, each added when it starts
     started: bool = False  # ran a step
     stage: int = 0  # current program stage (0 for a plain loop)
     stage_results: dict[str, LoopResult] = field(default_factory=dict)  # finished program stages
@@ -340,7 +340,8 @@ class Scheduler:
         state, plan, policy = entry.active_loop.state, entry.pending, self.config.policy
         assert isinstance(plan, WorkPlan), "a candidate has a pending WorkPlan"
         left, step_s = self._remaining(entry), self.cost.predict(state, plan)
-        due = policy.due(entry.arrived, entry.solo_s, left, entry.started)
+        solo = entry.solo_raw * self.cost.ratio(calibration_key(state, plan))  # at today's calibration
+        due = policy.due(entry.arrived, solo, left, entry.started)
         return Candidate(entry, curve_key(state, plan), plan.batch_size, step_s, left, due, entry.seq)
 
     def _price(self, call: Call) -> Priced:
@@ -383,7 +384,7 @@ class Scheduler:
         entry.active = self.runner.start(loop, request, entry.instance, self.ctx, state)
         entry.pending = self._plan(entry)
         entry.need = self._estimate(entry)
-        entry.solo_s += entry.need.compute_s
+        entry.solo_raw += entry.need.compute_s / entry.ratio
         self.admission.check_feasible(entry.request_id, entry.need, entry.instance)
 
     def _estimate(self, entry: Entry) -> Estimate:
