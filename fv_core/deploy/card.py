@@ -62,6 +62,20 @@ class ModelDeploy(Strict):
         return self.name or self.card
 
 
+class Scheduling(Strict):
+    """How the engine picks the work of each step (fv_core/runtime/policy.py)."""
+
+    # auto: batch only where the measured batch curve says it pays, else the least remaining work first,
+    # with an aging bound; fair: every running request one step per tick, compatible steps batched;
+    # fifo: one request at a time, in arrival order
+    policy: Literal["auto", "fifo", "fair"] = "auto"
+    max_wait_factor: float = Field(4.0, ge=1)  # auto: a request is done within this x its predicted solo time
+    ttfs_target_s: float | None = Field(None, gt=0)  # auto: first step within this many s (None: no target)
+    # resident weights + predicted step peaks of the requests running at once; a request that can never fit is
+    # refused at submission (None: no cap)
+    memory_budget_bytes: int | None = Field(None, ge=1)
+
+
 class DeploymentCard(Strict):
     """A deployment: plugins enabled by name, models, limits, plugin options."""
 
@@ -69,6 +83,7 @@ class DeploymentCard(Strict):
     models: list[ModelDeploy] = Field(min_length=1)
     limits: Limits | None = Field(default_factory=Limits)  # None: no per-request caps (a replay's own plan)
     retention: Retention = Field(default_factory=Retention)
+    scheduling: Scheduling = Field(default_factory=Scheduling)
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # plugin -> options
     data_dir: str | None = None  # jobs database and artifacts; None: $FV_DATA_DIR or the user's data dir
     # "bitwise": a seeded request's output never depends on what else is running (steps are not batched
