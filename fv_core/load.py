@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from fv_core.adapters.plane import attach_plane
 from fv_core.card.assemble import complete_card
 from fv_core.card.spec import ModelCard
 from fv_core.deploy.card import DeploymentCard, ModelDeploy, load_deploy
@@ -76,6 +77,7 @@ def load(
     kernels = resolve_kernels(host, card, device, options, entry.kernels if entry is not None else None)
     names = entry.interceptors if entry is not None else []
     instance = resolve_lazy(card.instance_factory)(card, folder, device, kernels=kernels)
+    attach_plane(card, instance, entry)
     cards, interceptors = host.registries.cards, host.registries.interceptors
     if not isinstance(parallel, ParallelPlan):
         parallel = ParallelPlan.parse(parallel if parallel is not None else entry.parallel if entry else None)

@@ -24,7 +24,7 @@ from fv_core.card.spec import LoopSpec, ModelCard, ProgramSpec
 from fv_core.card.validate import check_loop_request
 from fv_core.deploy.card import Limits
 from fv_core.errors import ConfigError, LimitExceeded, UnknownKeyError, error_field, explain
-from fv_core.loop.contracts import Loop, LoopResult
+from fv_core.loop.contracts import Loop, LoopResult, StreamEvent
 from fv_core.program import Program, Stage
 from fv_core.registry import resolve_lazy
 from fv_core.request.params import Params, field_extra
@@ -144,8 +144,10 @@ class LoadedModel:
         plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
         request_id: str | None = None,
         priority: int = 0,
+        adapters: Iterable[Any] = (),
     ) -> Request:
-        """The typed request for ``raw`` params (``None`` values take the card's defaults)."""
+        """The typed request for ``raw`` params (``None`` values take the card's defaults); ``adapters``:
+        the served LoRA adapters it runs, each a name, ``(name, scale)`` or ``{"name", "scale"}``."""
         task, program = self.program(task)
         loop_id = program.stages[0]
         cls = self.params_model(task)
@@ -173,12 +175,33 @@ class LoadedModel:
             seed=params.seed,
             priority=priority,
             interceptors=self.interceptors,
+            adapters=self.adapter_uses(adapters),
         )
         for interceptor in self.interceptors:  # options valid by schema but impossible for this model
             check = getattr(interceptor, "check_request", None)
             if check is not None:
                 check(request, self.instance)
         return request
+
+    def adapter_uses(self, asked: Iterable[Any]) -> tuple[Any, ...]:
+        """The adapters a request names, checked against those this model serves (ConfigError)."""
+        asked = list(asked or ())
+        if not asked:
+            return ()
+        plane = getattr(self.instance, "adapters", None)
+        if plane is None:
+            raise ConfigError(
+                f"{self.card.model_id!r} takes no LoRA adapters (its card declares none). "
+                "Fix: drop adapters, or use a model that takes them (Wan, LTX-2).",
+                param="adapters",
+            )
+        if self.parallel is not None:
+            raise ConfigError(
+                f"{self.card.model_id!r} runs on a parallel group ({self.parallel.plan.id}); adapters are "
+                "applied in this process only. Fix: serve the model without a parallel plan to use adapters.",
+                param="adapters",
+            )
+        return plane.uses(asked)
 
     def _check_parts(self, task: str, loop: LoopSpec, parts: tuple[Part, ...]) -> None:
         """The loop takes only the kinds it ``accepts``, and each kind it ``requires`` exactly once."""
@@ -254,6 +277,8 @@ class LoadedModel:
         progress: Progress | None = None,
         image: Any = None,
         on_partial: Callable[[Any], None] | None = None,
+        on_event: Callable[[StreamEvent], None] | None = None,
+        adapters: Iterable[Any] = (),
         **params: Any,
     ) -> Artifact:
         """Run one request: ``model.generate(prompt="a red circle moving left", seed=1)``.
@@ -262,16 +287,20 @@ class LoadedModel:
         task's artifact (a VideoArtifact for ``t2v``), with a provenance that replays it.
         ``image`` (a PIL image, path, bytes or array) is one more image part; without a ``task``
         it picks the card's first task that takes an image. ``on_partial`` receives each partial output as
-        the loop makes it (a chat's ``{"token", "delta"}``: stream ``delta`` to show the text as it comes)."""
+        the loop makes it (a chat's ``{"token", "delta"}``: stream ``delta`` to show the text as it comes).
+        ``on_event`` receives every event of the run (a progress event's ``data`` is its step's label).
+        ``adapters``: served LoRA adapters to run, e.g. ``["style"]`` or ``[("style", 0.7)]``."""
         from fv_core.runtime.engine import Engine
 
         parts = tuple(parts)
         if image is not None:
             parts += (image_part(image),)
             task = task or self.image_task()
-        request = self.prepare(params, task=task, parts=parts, plugin_options=plugin_options)
+        request = self.prepare(params, task=task, parts=parts, plugin_options=plugin_options, adapters=adapters)
 
-        def on_event(event: Any) -> None:
+        def events(event: StreamEvent) -> None:
+            if on_event is not None:
+                on_event(event)
             if progress is not None and event.kind == "progress" and event.total:
                 progress(event.step, event.total)
             elif on_partial is not None and event.kind == "partial":
@@ -279,7 +308,7 @@ class LoadedModel:
 
         start = time.perf_counter()
         with torch.inference_mode():
-            engine = Engine(device=getattr(self.instance, "device", "cpu"), on_event=on_event)
+            engine = Engine(device=getattr(self.instance, "device", "cpu"), on_event=events)
             result = engine.run_one(*self.job(request))
         return self.artifact(request, result, time.perf_counter() - start)
 
@@ -344,6 +373,7 @@ class LoadedModel:
             "weights_hash": dict(
                 result.metrics.get("weights_versions") or getattr(self.instance, "weights_versions", {})
             ),
+            "adapters": [{"name": u.name, "version": u.version, "scale": u.scale} for u in request.adapters],
             "kernels": result.metrics.get("kernels", self.kernels),
             "interceptors": list(self.interceptor_names),
             # the options the deployment and the request set (the rest are each plugin's own defaults)

@@ -2,6 +2,7 @@
 
 from fv_core.card.assemble import complete_card, derive_card
 from fv_core.card.spec import (
+    AdapterContract,
     CacheContract,
     CapabilityMatrix,
     CardVariant,
@@ -19,6 +20,7 @@ from fv_core.card.spec import (
 from fv_core.card.validate import card_from_dict, check_loop_request, validate_card
 
 __all__ = [
+    "AdapterContract",
     "derive_card",
     "complete_card",
     "CacheContract",

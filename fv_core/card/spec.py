@@ -168,6 +168,16 @@ class ParallelismContract(Spec):
     axes: dict[str, int] = Field(default_factory=lambda: {"dp": 1})  # axis -> max degree
 
 
+class AdapterContract(Spec):
+    """The LoRA adapters a card takes per request (``fv_core.adapters``)."""
+
+    # "module:Class" of the diffusers LoRA loader mixin whose ``lora_state_dict`` reads (and converts) this
+    # family's LoRA files, e.g. "diffusers.loaders.lora_pipeline:WanLoraLoaderMixin"
+    loader: str
+    components: list[str] = Field(min_length=1)  # components an adapter may target; the first takes PEFT folders
+    scale_range: tuple[float, float] = (-4.0, 4.0)  # scales a request may give an adapter
+
+
 class PrecisionContract(Spec):
     """Precisions the card may run in."""
 
@@ -190,6 +200,7 @@ class ModelCard(Spec):
     caches: dict[str, CacheContract] = Field(default_factory=dict)
     parallelism: ParallelismContract = Field(default_factory=ParallelismContract)
     precision: PrecisionContract = Field(default_factory=PrecisionContract)
+    adapters: AdapterContract | None = None  # None: the card takes no LoRA adapters
     kernels: dict[str, str] = Field(default_factory=dict)  # op -> selected variant (filled at assembly)
     # op -> the kernel variants its model code runs ("*": any registered one); ``fv_core.load`` refuses others
     accepts_kernels: dict[str, list[str]] = Field(default_factory=lambda: {"attention": ["sdpa"]})

@@ -35,6 +35,16 @@ class Retention(Strict):
     max_bytes: int | None = Field(None, ge=0)  # videos folder cap: the oldest finished jobs go first
 
 
+class AdapterDeploy(Strict):
+    """One LoRA adapter a served model offers by name."""
+
+    path: str  # a LoRA .safetensors file, or a folder (diffusers' or PEFT's layout)
+    scale: float = 1.0  # the scale a request that names no scale gets
+    # the model's components each of the file's components goes into, e.g. Wan2.2 A14B's both experts:
+    # {"transformer": ["transformer", "transformer_2"]} (default: each into itself)
+    into: dict[str, list[str]] | None = None
+
+
 class ModelDeploy(Strict):
     """One served model."""
 
@@ -49,6 +59,9 @@ class ModelDeploy(Strict):
     precision: str | None = (
         None  # dtype the model runs in, one of its card's supported (None: the card's default)
     )
+    adapters: dict[str, AdapterDeploy | str] = Field(default_factory=dict)  # name -> LoRA (or its path)
+    max_adapters: int = Field(4, ge=0)  # adapters one request may combine
+    adapter_budget_bytes: int = Field(1 << 30, ge=0)  # loaded adapters' bytes (least recently used go first)
 
     @field_validator("parallel")
     @classmethod

@@ -5,7 +5,8 @@ component's version (``state.values["weights_versions"]``: component -> version)
 request carries adapters, every adapter's (``state.values["adapter_versions"]``: adapter -> version).
 A program's later stages take the pins their first stage handed on in ``request.carry``. Plans whose
 pins differ never share a batched call: a batch key's ``instance`` names the model instance and the
-pinned versions of exactly the components (and adapters) the plan runs.
+pinned versions of exactly the components the plan runs. Adapters are applied per row
+(``fv_core.adapters``), so they split cache keys (``adapter_tag``), never batch keys.
 """
 
 from __future__ import annotations
@@ -20,14 +21,35 @@ WEIGHTS = "weights_versions"  # state.values / request.carry / result.metrics ke
 ADAPTERS = "adapter_versions"  # the same for the request's adapters: adapter name -> version
 
 
-def pin_versions(request: Any, instance: Any) -> dict[str, dict[str, str]]:
+ADAPTER_USES = "adapters"  # state.values key: the request's adapters, [name, version, scale, components]
+
+
+def pin_versions(request: Any, instance: Any) -> dict[str, Any]:
     """The versions ``request`` runs on to the end: those an earlier program stage pinned (it made what
-    this stage is handed), else the instance's live ones."""
+    this stage is handed), else the instance's live ones; and the adapters it names, at the versions it
+    was admitted with."""
     carry = getattr(request, "carry", {}) or {}
-    pins = {WEIGHTS: dict(carry.get(WEIGHTS) or getattr(instance, WEIGHTS, {}))}
-    if carry.get(ADAPTERS):
-        pins[ADAPTERS] = dict(carry[ADAPTERS])
+    pins: dict[str, Any] = {WEIGHTS: dict(carry.get(WEIGHTS) or getattr(instance, WEIGHTS, {}))}
+    uses = tuple(getattr(request, "adapters", ()))
+    if uses:
+        pins[ADAPTERS] = {u.name: u.version for u in uses}
+        pins[ADAPTER_USES] = [[u.name, u.version, u.scale, list(u.components)] for u in uses]
     return pins
+
+
+def hold_adapters(request: Any, instance: Any, state: LoopState) -> None:
+    """Hold ``request``'s adapters on the instance's adapter plane until it leaves (hooks installed on the
+    module versions it pinned)."""
+    uses = tuple(getattr(request, "adapters", ()))
+    if uses:
+        instance.adapters.hold(request.request_id, uses, state.values[WEIGHTS])
+
+
+def adapter_tag(state: LoopState, component: str) -> str:
+    """What a cache key of ``component``'s output must add for the request's adapters on it
+    (``""`` without any): their names, versions and scales, in order."""
+    uses = [u for u in state.values.get(ADAPTER_USES, ()) if component in u[3]]
+    return ",".join(f"{name}@{version}*{scale!r}" for name, version, scale, _ in uses)
 
 
 def pinned_state(
@@ -48,6 +70,7 @@ def pinned_state(
         generator=torch.Generator(device="cpu").manual_seed(int(seed)),
     )
     state.values.update(pin_versions(request, instance))
+    hold_adapters(request, instance, state)
     return state
 
 
@@ -63,12 +86,10 @@ def pinned_module(instance: Any, state: LoopState, component: str) -> Any:
 
 
 def weights_on(instance: Any, state: LoopState, *components: str) -> str:
-    """A batch key's ``instance``: the model instance, the pinned versions of ``components`` and the
-    request's adapter versions. Plans on other versions never share a call."""
+    """A batch key's ``instance``: the model instance and the pinned versions of ``components``. Plans on
+    other versions never share a call; plans with other adapters do (each row gets its own, unmerged)."""
     versions = "+".join(f"{c}@{pinned(state, c) or 'live'}" for c in components)
-    adapters = state.values.get(ADAPTERS)
-    lora = "|" + ",".join(f"{a}@{v}" for a, v in sorted(adapters.items())) if adapters else ""
-    return f"{instance.instance_id}/{versions}{lora}"
+    return f"{instance.instance_id}/{versions}"
 
 
 def batch_key(

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fv_core.adapters.rows import release_adapters, uses_of, with_adapter_rows
 from fv_core.errors import ConfigError, NonFiniteOutput
 from fv_core.loop.context import LoopContext, grad_mode
 from fv_core.loop.contracts import (
@@ -116,6 +117,8 @@ class LoopRunner:
     def plan(self, active: ActiveLoop) -> WorkPlan | Done:
         """The loop's description of its next step (kernel-free), with a block hook or KV policy attached."""
         plan = active.loop.next(active.state)
+        if isinstance(plan, WorkPlan):
+            plan = with_adapter_rows(active.instance, uses_of(active.state.values), plan)
         if active.ctx.interceptors and isinstance(plan, WorkPlan):
             plan = attach_block_hook(active.state, plan, active.ctx.interceptors)
             plan = attach_kv_policy(active.state, plan, active.ctx.interceptors)
@@ -165,12 +168,14 @@ class LoopRunner:
             if pins in active.state.values:
                 result.metrics.setdefault(pins, dict(active.state.values[pins]))
         result.metrics.setdefault("stop_reason", reason)
+        release_adapters(active.instance, active.state.request_id)
         return result
 
     def abandon(self, active: ActiveLoop) -> None:
         """Stop a loop without finalizing it (cancel, error): its state is released, and a loop that holds
         resources outside its state (pages of a KV pool) frees them in its ``release(state)``."""
         active.state.done = True
+        release_adapters(active.instance, active.state.request_id)
         release = getattr(active.loop, "release", None)
         if release is not None:
             release(active.state)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fv_core.loop.contracts import Loop, LoopResult
-from fv_core.loop.pins import ADAPTERS, WEIGHTS
+from fv_core.loop.pins import WEIGHTS
 
 Bind = Callable[[Any, dict[str, LoopResult]], Any]
 
@@ -49,8 +49,10 @@ class Program:
         bound = stage.bind(request, results) if stage.bind is not None else request
         if bound.request_id != request.request_id:
             bound = replace(bound, request_id=request.request_id)
+        if getattr(request, "adapters", ()) and not bound.adapters:  # every stage runs the request's adapters
+            bound = replace(bound, adapters=request.adapters)
         first = results[self.stages[0].name].metrics if index else {}
-        pins = {k: first[k] for k in (WEIGHTS, ADAPTERS) if k in first}
+        pins = {k: first[k] for k in (WEIGHTS,) if k in first}
         return replace(bound, carry={**pins, **bound.carry}) if pins else bound
 
     def combine(self, results: dict[str, LoopResult]) -> LoopResult:

@@ -23,3 +23,4 @@ class Request:
     priority: int = 0  # higher is admitted first among waiting requests
     arrival_s: float = field(default_factory=time.monotonic)  # monotonic submit time (FIFO tie-break)
     interceptors: tuple[Any, ...] = ()  # interceptors its model's deployment enabled (stateless objects)
+    adapters: tuple[Any, ...] = ()  # the LoRA adapters it runs (fv_core.adapters.AdapterUse), in order

@@ -18,6 +18,7 @@ import fv_core
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_API = (
+    "fv_core.adapters",
     "fv_core.cache",
     "fv_core.card",
     "fv_core.deploy",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fv_core.card import (
+    AdapterContract,
     CacheContract,
     CapabilityMatrix,
     ComponentSpec,
@@ -143,11 +144,13 @@ def build(row: Row) -> ModelCard:
             **defaults,
         }
     caches = {
-        "text_embeddings": _cache("feature", "text_encoder", ["content_hash", "max_length", "precision"]),
+        "text_embeddings": _cache(
+            "feature", "text_encoder", ["content_hash", "max_length", "precision", "adapters"]
+        ),
         "text_kv": _cache(
             "kv",
             "transformer",
-            ["content_hash", "max_length", "precision", "text_encoder_version"],
+            ["content_hash", "max_length", "precision", "text_encoder_version", "adapters"],
             capacity=row.size.kv_capacity,
         ),
     }
@@ -164,16 +167,22 @@ def build(row: Row) -> ModelCard:
             # latents: cached vs recomputed differ by float rounding (~5e-7); the VAE amplifies it ~30x
             tolerances={"latents": 1e-5, "frames": 5e-5, "frames_batched": 2e-4},
         )
+    components = _components(row.size.config or {}, row.tasks, row.optional)
     return ModelCard(
         model_id=row.id,
         family="wan",
         description=row.description,
         programs=_programs(row.tasks, text_loop, defaults),
-        components=_components(row.size.config or {}, row.tasks, row.optional),
+        components=components,
         loops=loops,
         recipe=RecipeSpec(**{**_recipe(row), **row.recipe, "assumes_loop": next(iter(loops))}),
         pipeline=pipeline,
         accepts_kernels={"attention": ["*"]},  # blocks run through fv's attention seam: any kernel
+        # LoRA files as diffusers reads them for Wan (its own, original Wan's, musubi's), per request
+        adapters=AdapterContract(
+            loader="diffusers.loaders.lora_pipeline:WanLoraLoaderMixin",
+            components=[c for c in ("transformer", "transformer_2", "text_encoder") if c in components],
+        ),
         parity=parity,
         capabilities=CapabilityMatrix(
             # a KV policy may pick a causal loop's cached context; no step or block reuse there

@@ -14,6 +14,7 @@ import re
 import torch
 
 from fv_core.cache import CacheKey, RepeatedTail, fold_tail
+from fv_core.adapters import adapter_tag
 from fv_core.loop import LoopState, pinned
 
 
@@ -41,6 +42,7 @@ def text_keys(instance, state: LoopState) -> list[CacheKey]:
             mask[i],
             max_length=int(ids.shape[-1]),
             precision=str(instance.dtype),
+            adapters=adapter_tag(state, "text_encoder"),  # a text-encoder LoRA makes other features
         )
         for i in range(ids.shape[0])
     ]
@@ -55,7 +57,8 @@ def kv_keys(instance, state: LoopState, expert: str) -> list[CacheKey]:
             expert,
             pinned(state, expert),
             k.content_hash,
-            tuple(sorted((*k.extra, ("text_encoder_version", te)))),
+            # the text encoder's adapters are in k.extra; the expert's (its cross-attention projections) here
+            tuple(sorted((*k.extra, ("text_encoder_version", te), ("expert_adapters", adapter_tag(state, expert))))),
         )
         for k in text_keys(instance, state)
     ]
