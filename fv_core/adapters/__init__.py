@@ -9,6 +9,7 @@ a targeted component makes add :func:`~fv_core.loop.pins.adapter_tag`.
 from fv_core.adapters.files import LoraWeights, LowRank, read_lora
 from fv_core.adapters.plane import AdapterEntry, AdapterPlane
 from fv_core.adapters.rows import AdapterUse, adapter_rows
+from fv_core.adapters.synthetic import random_lora
 from fv_core.loop.pins import adapter_tag
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "LowRank",
     "adapter_rows",
     "adapter_tag",
+    "random_lora",
     "read_lora",
 ]

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from fv_core.deploy.card import DeploymentCard
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.registry import resolve_lazy
-from fv_core.serving import chat, images, sessions, status, videos, weights
+from fv_core.serving import adapters, chat, images, sessions, status, videos, weights
 from fv_core.serving.errors import ApiError, add_error_handlers
 from fv_core.serving.jobs import JobStore, default_data_dir
 from fv_core.serving.metrics import Metrics
@@ -100,6 +100,7 @@ def create_app(
     v1.include_router(chat.router())
     v1.include_router(sessions.router())
     v1.include_router(weights.router())
+    v1.include_router(adapters.router())
     v1.include_router(status.router())
     app.include_router(v1, prefix="/v1")
     app.include_router(status.probes(metrics, replica))

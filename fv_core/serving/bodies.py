@@ -111,11 +111,21 @@ def _depth(value: object) -> int:
 
 
 def _nest(items: list[tuple[str, str | UploadFile]]) -> dict[str, Any]:
-    """``plugin_options[p][k]=v`` form fields -> ``{"plugin_options": {"p": {"k": "v"}}}``."""
+    """``plugin_options[p][k]=v`` form fields -> ``{"plugin_options": {"p": {"k": "v"}}}``; a list of
+    objects as the openai client sends it, ``adapters[][name]=a`` ``adapters[][scale]=1`` -> ``{"adapters":
+    [{"name": "a", "scale": "1"}]}`` (a field the last object has already starts the next)."""
     out: dict[str, Any] = {}
     for key, value in items:
         match = _FORM_KEY.match(key)
         path = [match[1], *re.findall(r"\[([^\[\]]*)\]", match[2])] if match else [key]
+        if len(path) == 3 and path[1] == "":
+            rows = out.setdefault(path[0], [])
+            if not isinstance(rows, list):
+                raise ApiError(400, f"form field {key!r} mixes a list with a value.", "invalid_body", key)
+            if not rows or path[2] in rows[-1]:
+                rows.append({})
+            rows[-1][path[2]] = value
+            continue
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})

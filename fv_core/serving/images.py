@@ -52,8 +52,9 @@ class Images(Jobs):
                 "size",
             )
         seed = raw.pop("seed")
+        adapters = [a.model_dump(exclude_none=True) for a in body.adapters]
         requests = [
-            prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, task, body.plugin_options, parts)
+            prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, task, body.plugin_options, parts, adapters)
             for i in range(body.n)
         ]
         first = await self.submit(served, requests[0])  # a full queue refuses the request

@@ -25,6 +25,13 @@ class Strict(BaseModel):
         return refuse_booleans(cls, data)
 
 
+class AdapterChoice(Strict):
+    """One served LoRA adapter a request runs (fv)."""
+
+    name: str = Field(min_length=1, max_length=200)
+    scale: float | None = Field(None, description="default: the adapter's deployed scale")
+
+
 class VideoBase(Strict):
     """``POST /v1/videos`` fields of OpenAI's API; the served cards' request params join them."""
 
@@ -38,6 +45,9 @@ class VideoBase(Strict):
     input_reference: Any = Field(None, description="reference image (upload), for tasks that take an image")
     plugin_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="plugin -> options, for plugins the deployment enables"
+    )
+    adapters: list[AdapterChoice] = Field(
+        default_factory=list, description="fv: LoRA adapters this model serves (GET /v1/models), with scales"
     )
 
 
@@ -56,6 +66,9 @@ class ImageBase(Strict):
     response_format: Literal["b64_json"] = "b64_json"
     plugin_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="plugin -> options, for plugins the deployment enables"
+    )
+    adapters: list[AdapterChoice] = Field(
+        default_factory=list, description="fv: LoRA adapters this model serves (GET /v1/models), with scales"
     )
 
 
@@ -161,6 +174,19 @@ class Model(BaseModel):
         "batched",
         description="bitwise: a seeded request's output does not depend on load; batched: within tolerance",
     )
+    adapters: list[dict[str, Any]] = Field(
+        default_factory=list, description="fv: the LoRA adapters requests may name (name, scale, rank, ...)"
+    )
+
+
+class AdapterAdd(Strict):
+    """``POST /v1/adapters`` (fv, operators): serve one more LoRA adapter, or a new version of one."""
+
+    model: str | None = Field(None, description="served model name; default: the first deployed model")
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
+    path: str = Field(min_length=1, description="a LoRA .safetensors file or folder on the server")
+    scale: float = 1.0
+    into: dict[str, list[str]] | None = None
 
 
 class ModelList(BaseModel):

@@ -23,10 +23,18 @@ def router() -> APIRouter:
     async def list_models(service: Service = Depends(_service)) -> ModelList:
         mode = service.deploy.determinism
         return ModelList(
-            data=[Model(id=m.name, created=m.created, determinism=mode) for m in service.models.values()]
+            data=[
+                Model(id=m.name, created=m.created, determinism=mode, adapters=_adapters(m))
+                for m in service.models.values()
+            ]
         )
 
     return router
+
+
+def _adapters(served: Any) -> list[dict[str, Any]]:
+    plane = getattr(served.loaded.instance, "adapters", None)
+    return plane.describe() if plane is not None else []
 
 
 def probes(metrics: Metrics, replica: str | None) -> APIRouter:

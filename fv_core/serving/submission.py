@@ -56,10 +56,11 @@ class Jobs:
         limits = deploy.limits or Limits()
         budget = Budget(max_running=limits.max_running, max_waiting=limits.max_queue)
         self.engine = AsyncEngine(
-            Engine(budget, device=device),
+            Engine(budget, device=device, scheduling=deploy.scheduling),
             batching=deploy.determinism == "batched",
             freeze_heap=True,  # models load before the engine starts: their objects leave GC scans
         )
+        metrics.watch_engine(self.engine.engine)
         self.draining = False  # shutting down: no new jobs
         self._tasks: set[asyncio.Task[None]] = set()  # work that outlives its request (jobs, settles)
 
@@ -225,10 +226,13 @@ def prepare(
     task: str,
     options: dict[str, dict[str, Any]],
     parts: tuple[Part, ...] = (),
+    adapters: list[dict[str, Any]] | None = None,
 ) -> Request:
-    """The typed request; bad values, limits and plugin options answer 400 naming the param."""
+    """The typed request; bad values, limits, plugin options and adapters answer 400 naming the param."""
     try:
-        return served.loaded.prepare(raw, task=task, plugin_options=options, parts=parts)
+        return served.loaded.prepare(
+            raw, task=task, plugin_options=options, parts=parts, adapters=adapters or ()
+        )
     except LimitExceeded as exc:
         raise ApiError(400, str(exc), "limit_exceeded", exc.param) from None
     except ConfigError as exc:

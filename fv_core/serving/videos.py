@@ -73,13 +73,14 @@ class Videos(Jobs):
         raw = raw_params(body)
         if body.seconds is not None and "num_frames" not in raw:
             raw["num_frames"] = round(body.seconds * raw.get("fps", program.defaults.get("fps", 16))) + 1
-        request = prepare(served, raw, task, body.plugin_options, parts)
+        adapters = [a.model_dump(exclude_none=True) for a in body.adapters]
+        request = prepare(served, raw, task, body.plugin_options, parts, adapters)
         rid = await self.submit(served, request)
         job_id = new_job_id()
         p = request.params
         size = f"{p.width}x{p.height}" if hasattr(p, "width") else "auto"
         seconds = f"{p.num_frames / p.fps:g}" if hasattr(p, "num_frames") and hasattr(p, "fps") else "auto"
-        kept = None if parts else {"raw": raw, "task": task, "plugin_options": body.plugin_options}
+        kept = None if parts else {"raw": raw, "task": task, "plugin_options": body.plugin_options, "adapters": adapters}
         video = self.store.create(job_id, served.name, size, seconds, body.prompt, kept, request_id)
         log.info("job %s created by request %s", job_id, request_id)
         self.metrics.requests.labels(served.name, "video").inc()
@@ -128,7 +129,9 @@ class Videos(Jobs):
         for job_id, model, kept in self.store.claim_queued(list(self.models)):
             try:
                 served = self.model(model)
-                request = prepare(served, kept["raw"], kept["task"], kept["plugin_options"])
+                request = prepare(
+                    served, kept["raw"], kept["task"], kept["plugin_options"], adapters=kept.get("adapters")
+                )
             except ApiError as exc:  # the deployment changed meanwhile
                 self.store.fail(
                     job_id, "server_restart", f"after the restart this job cannot run: {exc.message}"
