@@ -8,6 +8,7 @@ model's help needs them.
 from __future__ import annotations
 
 import argparse
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -131,6 +132,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         deploy = with_kernels(host, deploy, name, weights, {"attention": args.attention})
     if args.cache:
         deploy = with_cache(host, deploy, name, weights, *args.cache)
+    if not sys.stderr.isatty():  # loaders' bars (downloads, transformers) redraw with carriage returns
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
     model = load(name, weights, deploy=deploy, device=args.device, host=host, parallel=args.parallel)
     try:
         return _generate(args, model, raw, task, options)
@@ -194,15 +199,15 @@ def with_cache(
 
 
 def _generate(args: argparse.Namespace, model: Any, raw: dict, task: str | None, options: Any) -> int:
-    from tqdm import tqdm
-
-    from fv_core.artifacts import SUFFIXES, AudioArtifact, write_provenance
+    from fv_core.artifacts import SUFFIXES, AudioArtifact, ImageArtifact, write_provenance
+    from fv_core.progress import RunProgress, files_line
     from fv_core.request.parts import image_part
 
     parts = [image_part(args.image)] if args.image else []
     if parts and task is None:  # an image picks the model's first task that takes one
         task = model.image_task()
-    outputs = model.card.programs[model.program(task)[0]].outputs
+    task, program = model.program(task)
+    outputs = program.outputs
     output = Path(args.output or DEFAULT_OUTPUT[outputs[0]])
     if output.suffix.lower() not in SUFFIXES[outputs[0]]:
         raise ConfigError(
@@ -211,35 +216,36 @@ def _generate(args: argparse.Namespace, model: Any, raw: dict, task: str | None,
     if args.audio_out and "audio" not in outputs:
         raise ConfigError(f"--audio-out: this task outputs {outputs}, no audio. Fix: drop --audio-out.")
     stream = _stream(args, model, task, raw, outputs, output)
-    with tqdm(desc=model.card.model_id, unit="step", leave=False) as bar:
+    shown = RunProgress(f"{model.card.model_id} {task}", list(program.stages))
 
-        def progress(step: int, total: int) -> None:
-            bar.total = total
-            bar.update(step - bar.n)
+    def frames(partial: Any) -> None:  # a streaming loop's new frames ([F, H, W, 3] in 0..1)
+        if stream is not None and isinstance(partial, dict) and "frames" in partial:
+            stream.write(partial["frames"].float().cpu().numpy())
+            shown.chunk(len(partial["frames"]), stream.frames, output)
 
-        def frames(partial: Any) -> None:  # a streaming loop's new frames ([F, H, W, 3] in 0..1)
-            if stream is not None and isinstance(partial, dict) and "frames" in partial:
-                stream.write(partial["frames"].float().cpu().numpy())
-
-        try:
-            artifact = model.generate(
-                task=task, parts=parts, plugin_options=options, progress=progress, on_partial=frames, **raw
-            )
-        finally:
-            if stream is not None:
-                stream.close()
+    try:
+        artifact = model.generate(
+            task=task, parts=parts, plugin_options=options, on_event=shown.event, on_partial=frames, **raw
+        )
+    finally:
+        shown.close()
+        if stream is not None:
+            stream.close()
     if stream is not None and stream.frames:
         path = output  # the frames are in it already, written as they came
         write_provenance(path, artifact.provenance)
     else:
         if stream is not None:
-            print(f"task {task or model.program(None)[0]!r} streams no frames: {output} is written whole")
+            print(f"task {task!r} streams no frames: {output} is written whole")
         path = artifact.save(output)
-    print(f"wrote {path} and {path.with_suffix('.json')} in {artifact.provenance['seconds']:.1f} s")
+    written = [path, path.with_suffix(".json")]
+    if isinstance(artifact, ImageArtifact) and artifact.text is not None:  # its thinking, saved beside it
+        written.append(path.with_suffix(".txt"))
     if args.audio_out:
         sound = artifact if isinstance(artifact, AudioArtifact) else getattr(artifact, "audio", None)
         assert sound is not None, "a task that outputs audio makes a sound track"
-        print(f"wrote {sound.save(args.audio_out)}")
+        written.append(sound.save(args.audio_out))
+    print(files_line(written, artifact.provenance["seconds"]))
     return 0
 
 
