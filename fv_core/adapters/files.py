@@ -117,6 +117,13 @@ def _read_safetensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
 def _pairs(file: Path, state: dict[str, torch.Tensor], metadata: dict[str, Any], components: list[str]) -> LoraWeights:
     """Group ``<component>.<module>.lora_A/B.weight`` keys into pairs with their scales."""
     unsupported = [k for k in state if not re.search(r"\.lora_[AB]\.weight$", k)]
+    unconverted = [k for k in unsupported if re.search(r"\.lora_(down|up)\.weight$", k)]
+    if unconverted:  # kohya-style pairs the card's loader left as they were: not this family's layout
+        raise ConfigError(
+            f"adapter {str(file)!r} holds LoRA pairs in a layout this model's LoRA loader does not convert "
+            f"({unconverted[:2]}): a LoRA made for another model family, or by a trainer whose layout diffusers "
+            "does not read for this one. Fix: use a LoRA made for this model."
+        )
     if unsupported:
         raise ConfigError(
             f"adapter {str(file)!r} has tensors fv does not apply: {unsupported[:3]} (fv applies LoRA pairs "
