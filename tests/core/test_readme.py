@@ -67,11 +67,6 @@ def cases(of) -> list[tuple[str, str]]:
 RUN_LINES, MENTIONS = cases(run_lines), cases(mentions)
 
 
-@pytest.fixture(scope="module")
-def parser():
-    return build_parser()
-
-
 def test_the_docs_have_commands():
     first = "generate --model wan2.1-t2v-shapes --prompt 'a red circle moving left' -o out.mp4"
     assert ("README.md", first) in RUN_LINES and len(RUN_LINES) > 40 and len(MENTIONS) > 40
@@ -87,21 +82,30 @@ def test_every_repository_file_a_command_names_exists(doc, command):
     assert not missing, f"{doc}: `fv {command}` names {missing}, which the repository does not have"
 
 
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.relative_to(ROOT).as_posix())
+def test_every_repository_file_the_prose_names_exists(doc):
+    named = [w for span in re.findall(r"`([^`]+)`", prose(doc)) for w in span.split()]
+    files = [w for w in named if re.match(r"(configs|examples|bench)/", w)]
+    missing = [w for w in files if not list(ROOT.glob(w))]  # `configs/shapes/nft*.yaml`: a glob
+    assert not missing, f"{doc.relative_to(ROOT)} names {missing}, which the repository does not have"
+
+
 @pytest.mark.parametrize(("doc", "command"), RUN_LINES, ids=[f"{d}: fv {c}" for d, c in RUN_LINES])
-def test_every_fv_command_line_parses(parser, doc, command):
-    err = io.StringIO()
+def test_every_fv_command_line_parses(doc, command):
+    argv, err = shlex.split(command), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
-            parser.parse_args(shlex.split(command))
+            build_parser(argv).parse_args(argv)  # fv's parser is built for the command it runs
         except SystemExit as exc:  # --help exits 0; a bad command exits 2 with argparse's reason
             assert exc.code == 0, f"{doc}: `fv {command}` does not parse: {err.getvalue().strip()}"
 
 
 @pytest.mark.parametrize(("doc", "command"), MENTIONS, ids=[f"{d}: fv {c}" for d, c in MENTIONS])
-def test_every_fv_command_mentioned_exists_with_its_flags(parser, doc, command):
+def test_every_fv_command_mentioned_exists_with_its_flags(doc, command):
     name, *rest = shlex.split(command)
     if name.isupper():  # a template: `fv NAME`
         return
+    parser = build_parser(shlex.split(command))
     subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     assert name in subcommands, f"{doc}: `fv {command}`: fv has no command {name!r}"
     flags = subcommands[name]._option_string_actions

@@ -184,8 +184,8 @@ def bagel_7b_mot() -> ModelCard:
     return bagel_card(
         "bagel-7b-mot",
         "BAGEL-7B-MoT (ByteDance-Seed/BAGEL-7B-MoT, published layout: ema.safetensors, ae.safetensors, "
-        "llm_config.json, vit_config.json, the Qwen2 tokenizer; pass --weights): chat, understanding and t2i "
-        "on one resident MoT.",
+        "llm_config.json, vit_config.json, the Qwen2 tokenizer; fetched by its Hugging Face id): chat, "
+        "understanding and t2i on one resident MoT.",
         StepCostModel(base_s=0.02, per_token_s=2e-5, peak_bytes_per_token=400_000),
         t2i={},
         precision=PrecisionContract(supported=["bfloat16", "float32"], default="bfloat16"),

@@ -143,21 +143,21 @@ TABLE = (
     ),
     Row(
         "wan2.1-t2v-1.3b",
-        "Wan2.1 text-to-video 1.3B (Wan-AI/Wan2.1-T2V-1.3B-Diffusers layout; pass --weights).",
+        "Wan2.1 text-to-video 1.3B (Wan-AI/Wan2.1-T2V-1.3B-Diffusers layout, fetched by its Hugging Face id).",
         WAN_1_3B,
         repo="Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
     ),
     Row(
         "wan2.1-t2v-14b",
-        "Wan2.1 text-to-video 14B (Wan-AI/Wan2.1-T2V-14B-Diffusers layout; pass --weights).",
+        "Wan2.1 text-to-video 14B (Wan-AI/Wan2.1-T2V-14B-Diffusers layout, fetched by its Hugging Face id).",
         WAN_14B,
         dict(height=720, width=1280),
         repo="Wan-AI/Wan2.1-T2V-14B-Diffusers",
     ),
     Row(
         "fastwan2.1-t2v-1.3b",
-        "FastWan2.1 T2V 1.3B (FastVideo/FastWan2.1-T2V-1.3B-Diffusers layout; pass --weights): "
-        "3-step DMD2 sampling, no CFG.",
+        "FastWan2.1 T2V 1.3B (FastVideo/FastWan2.1-T2V-1.3B-Diffusers layout, fetched by its Hugging Face "
+        "id): 3-step DMD2 sampling, no CFG.",
         WAN_1_3B,
         timesteps=(1000, 757, 522),
         recipe=dict(
@@ -208,8 +208,8 @@ TABLE = (
     ),
     Row(
         "wan2.1-i2v-14b-480p",
-        "Wan2.1 image-to-video 14B at 480p (Wan-AI/Wan2.1-I2V-14B-480P-Diffusers layout; pass --weights and "
-        "--image).",
+        "Wan2.1 image-to-video 14B at 480p (Wan-AI/Wan2.1-I2V-14B-480P-Diffusers layout, "
+        "fetched by its Hugging Face id; pass --image).",
         replace(WAN_14B, config=I2V_14B, max_resolution=(480, 832)),
         dict(num_inference_steps=40),
         I2V_TASKS,
@@ -218,8 +218,8 @@ TABLE = (
     ),
     Row(
         "wan2.1-i2v-14b-720p",
-        "Wan2.1 image-to-video 14B at 720p (Wan-AI/Wan2.1-I2V-14B-720P-Diffusers layout; pass --weights and "
-        "--image).",
+        "Wan2.1 image-to-video 14B at 720p (Wan-AI/Wan2.1-I2V-14B-720P-Diffusers layout, "
+        "fetched by its Hugging Face id; pass --image).",
         replace(WAN_14B, config=I2V_14B),
         dict(num_inference_steps=40, height=720, width=1280),
         I2V_TASKS,
@@ -228,8 +228,8 @@ TABLE = (
     ),
     Row(
         "wan2.2-ti2v-5b",
-        "Wan2.2 text/image-to-video 5B, 720p at 24 fps (Wan-AI/Wan2.2-TI2V-5B-Diffusers layout; pass "
-        "--weights, and --image for i2v).",
+        "Wan2.2 text/image-to-video 5B, 720p at 24 fps (Wan-AI/Wan2.2-TI2V-5B-Diffusers layout, "
+        "fetched by its Hugging Face id; --image for i2v).",
         TI2V_5B,
         dict(height=704, width=1280, num_frames=121, fps=24),
         TI2V_TASKS,
@@ -238,7 +238,7 @@ TABLE = (
     Row(
         "wan2.2-t2v-a14b",
         "Wan2.2 text-to-video A14B: high- and low-noise 14B experts (Wan-AI/Wan2.2-T2V-A14B-Diffusers "
-        "layout; pass --weights).",
+        "layout, fetched by its Hugging Face id).",
         WAN_14B,
         dict(height=720, width=1280, num_inference_steps=40, guidance_scale=4.0, guidance_scale_2=3.0),
         T2V_TASKS,
@@ -248,7 +248,7 @@ TABLE = (
     Row(
         "wan2.2-i2v-a14b",
         "Wan2.2 image-to-video A14B: high- and low-noise 14B experts (Wan-AI/Wan2.2-I2V-A14B-Diffusers "
-        "layout; pass --weights and --image).",
+        "layout, fetched by its Hugging Face id; pass --image).",
         replace(WAN_14B, config=architecture(40, 40, 128, 4096, 24, in_channels=36)),
         dict(height=720, width=1280, num_inference_steps=40, guidance_scale=3.5, guidance_scale_2=3.5),
         I2V_TASKS,
