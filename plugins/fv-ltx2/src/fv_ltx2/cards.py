@@ -4,6 +4,7 @@ tiny random-weight one written in that layout for tests and demos."""
 from __future__ import annotations
 
 from fv_core.card import (
+    AdapterContract,
     CacheContract,
     CapabilityMatrix,
     ComponentSpec,
@@ -191,11 +192,20 @@ def ltx2_card(
                     "content_hash",
                     "max_length",
                     "precision",
+                    "text_encoder_version",
+                    "adapters",
                 ],
                 capacity=64,
             )
         },
         precision=PrecisionContract(supported=["float32", "bfloat16"], default="float32"),
+        # LoRA files as diffusers' LTX-2 loader reads them (its own format, LTX-2's ``diffusion_model.`` /
+        # ``text_embedding_projection.`` keys), per request: the transformer (video and audio streams),
+        # the text connectors, and Gemma (diffusers-format ``text_encoder.`` keys)
+        adapters=AdapterContract(
+            loader="diffusers.loaders.lora_pipeline:LTX2LoraLoaderMixin",
+            components=["transformer", "connectors", "text_encoder"],
+        ),
         # Ulysses over up to 8 ranks (LTX-2's 32 video and 32 audio heads), the cfg call's rows over 2
         parallelism=ParallelismContract(axes={"dp": 1, "sp": 8, "cfgp": 2}),
         pipeline="LTX2Pipeline",

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from fv_core import ConfigError
+from fv_core.adapters import adapter_tag
 from fv_core.cache import CacheKey
 from fv_core.extend import BLOCKS_INPUT
 from fv_core.loop import (
@@ -287,6 +288,8 @@ class LTX2Loop:
                 max_length=int(ids.shape[-1]),
                 precision=str(inst.dtype),
                 text_encoder_version=pinned(state, "text_encoder"),
+                # the request's adapters on Gemma and on the connectors make other features
+                adapters=(adapter_tag(state, "text_encoder"), adapter_tag(state, "connectors")),
             )
             for i in range(ids.shape[0])
         ]
