@@ -103,6 +103,15 @@ def adapter_rows(rows: tuple[RowAdapters, ...] | None) -> Iterator[None]:
         _ROWS.reset(token)
 
 
+@contextlib.contextmanager
+def rows_subset(index: torch.Tensor) -> Iterator[None]:
+    """Inside a call, a sub-call on its rows ``index`` (a block interceptor running some rows' blocks):
+    the adapters of those rows only."""
+    rows = _ROWS.get()
+    with adapter_rows(None if rows is None else tuple(rows[i] for i in index.tolist())):
+        yield
+
+
 def lora_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
     """Forward hook of a targeted linear: its output plus each adapter's delta on that adapter's rows."""
     rows = _ROWS.get()
@@ -118,17 +127,20 @@ def lora_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> tor
     if not groups:
         return None
     repeat = _repeat(x.shape[0], len(rows), module)
-    out = output
+    # in place where autograd allows it (serving): no copy of the output per adapter
+    out = output if not (torch.is_grad_enabled() and output.requires_grad) else output.clone()
     for use, members in groups.items():
         pair = table[use.key]
         scale = pair.scale * use.scale
-        if len(members) == len(rows):  # every row: no gather (and a request alone is exactly this)
-            out = out + _delta(x, pair) * scale
+        first, last = members[0], members[-1] + 1
+        if last - first == len(members):  # a plan's rows are contiguous: views, no gather
+            part = slice(first * repeat, last * repeat)
+            out[part] += _delta(x[part], pair) * scale
             continue
         index = torch.tensor(members, device=x.device)
         if repeat > 1:
             index = (index[:, None] * repeat + torch.arange(repeat, device=x.device)).flatten()
-        out = out.index_add(0, index, _delta(x.index_select(0, index), pair) * scale)  # as a row alone adds it
+        out.index_add_(0, index, _delta(x.index_select(0, index), pair) * scale)  # as a row alone adds it
     return out
 
 

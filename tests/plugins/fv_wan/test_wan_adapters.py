@@ -285,3 +285,66 @@ def test_peft_folder_and_deploy_entry(model, tmp_path, lora_files):
     plane = AdapterPlane(model, model.card.adapters)
     assert plane.add("peft", folder).components == ("transformer",)
     assert read_lora(folder, model.card.adapters.loader, model.card.adapters.components, "transformer").keys() == {"transformer"}
+
+
+def test_interleave_gate_across_adapters_with_cache_dit(model, plane):
+    """Requests with different adapters (and none), FBCache on: interleaved step by step equals serial,
+    bit for bit, and the cache decides per request (its residuals are the request's own)."""
+    from fv_cache_dit import FBCache
+
+    from fv_core.parity import assert_interleave_parity
+
+    asks = [[("style", 0.8)], [], [("motion", 1.0), ("te", 0.5)]]
+
+    def items():
+        return [
+            (
+                WanLoop(model),
+                front(model).prepare(
+                    {**BASE, **SMALL, "num_inference_steps": 6, "seed": i}, request_id=f"g{i}", adapters=a
+                ),
+                model,
+            )
+            for i, a in enumerate(asks)
+        ]
+
+    def engine():
+        return Engine(interceptors=[FBCache(residual_diff_threshold=0.3, max_warmup_steps=2)])
+
+    with torch.no_grad():
+        assert_interleave_parity(engine, items)
+
+
+def test_a14b_adapter_into_both_experts_or_one(variant_folders, wan_host, tmp_path):
+    """Wan2.2 A14B, each expert separately: a transformer LoRA into the second (low-noise) expert alone
+    equals diffusers' ``load_lora_weights(..., load_into_transformer_2=True)``; into both, diffusers
+    loading it into each."""
+    import fv_core
+    from diffusers import WanPipeline
+
+    folder = variant_folders["t2v-a14b", "second"]
+    model = fv_core.load(weights=folder, host=wan_host)
+    path = tmp_path / "both.safetensors"
+    save_file(lora_pairs(model.instance.component("transformer"), 7), path)
+    model.instance.adapters.add("both", path, into={"transformer": ["transformer", "transformer_2"]})
+    model.instance.adapters.add("low", path, into={"transformer": ["transformer_2"]})
+    settings = dict(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=5, height=32, width=48, num_inference_steps=6)
+    settings["guidance_scale"] = 3.0
+    settings["guidance_scale_2"] = 2.0
+    with torch.no_grad():
+        both = model.generate(**settings, max_sequence_length=512, seed=5, adapters=["both"]).frames
+        low = model.generate(**settings, max_sequence_length=512, seed=5, adapters=["low"]).frames
+        pipe = WanPipeline.from_pretrained(folder)
+        pipe.set_progress_bar_config(disable=True)
+
+        def reference():
+            return pipe(**settings, generator=torch.Generator().manual_seed(5), output_type="np").frames[0]
+
+        pipe.load_lora_weights(str(path), adapter_name="lora", load_into_transformer_2=True)
+        ref_low = reference()
+        pipe.load_lora_weights(str(path), adapter_name="lora")
+        ref_both = reference()
+    assert np.abs(low - ref_low).max() <= 1e-5
+    assert np.abs(both - ref_both).max() <= 1e-5
+    assert np.abs(both - low).max() > 1e-3
+    assert model.instance.adapters.entries["both"].components == ("transformer", "transformer_2")
