@@ -89,7 +89,7 @@ class Entry:
     phase: str = "new"  # new -> waiting -> running -> finished
     seq: int = 0  # submit order (FIFO tie-break)
     arrived: float = 0.0  # scheduler clock at submit
-    solo_raw: float = 0.0  # uncalibrated seconds of its stages run alone, each added when it starts
+    served_s: float = 0.0  # predicted seconds of the steps it ran, each priced alone
     started: bool = False  # ran a step
     stage: int = 0  # current program stage (0 for a plain loop)
     stage_results: dict[str, LoopResult] = field(default_factory=dict)  # finished program stages
@@ -236,8 +236,8 @@ class Scheduler:
         calls: list[Call] = []
         if selected and policy == "fair":
             calls = group_calls(selected, self.config.batching, self.config.max_batch_rows)
-        elif selected and policy == "fifo":
-            calls = [min(selected, key=lambda e: e.seq)]
+        elif selected and policy == "fifo":  # the oldest; none while the oldest finishes its stage
+            calls = [e for e in [min(selected + finished, key=lambda e: e.seq)] if e in selected]
         elif selected:
             calls = [self._pick_auto(selected)]
         out = SchedulerOutput(calls, finished)
@@ -340,8 +340,7 @@ class Scheduler:
         state, plan, policy = entry.active_loop.state, entry.pending, self.config.policy
         assert isinstance(plan, WorkPlan), "a candidate has a pending WorkPlan"
         left, step_s = self._remaining(entry), self.cost.predict(state, plan)
-        solo = entry.solo_raw * self.cost.ratio(calibration_key(state, plan))  # at today's calibration
-        due = policy.due(entry.arrived, solo, left, entry.started)
+        due = policy.due(entry.arrived, entry.served_s + left, left, entry.started)  # solo: done + left
         return Candidate(entry, curve_key(state, plan), plan.batch_size, step_s, left, due, entry.seq)
 
     def _price(self, call: Call) -> Priced:
@@ -361,6 +360,7 @@ class Scheduler:
             assert isinstance(plan, WorkPlan), "a scheduled entry has a pending WorkPlan"
             assert entry.reservation is not None, "a scheduled entry is running, hence reserved"
             self.admission.consume(entry.reservation, plan.cost_s * entry.ratio)
+            entry.served_s += self.cost.predict(entry.active_loop.state, plan)
             events = self.runner.complete(entry.active_loop, plan, res)
         except Exception as exc:
             self._fail(entry, exc)
@@ -384,7 +384,6 @@ class Scheduler:
         entry.active = self.runner.start(loop, request, entry.instance, self.ctx, state)
         entry.pending = self._plan(entry)
         entry.need = self._estimate(entry)
-        entry.solo_raw += entry.need.compute_s / entry.ratio
         self.admission.check_feasible(entry.request_id, entry.need, entry.instance)
 
     def _estimate(self, entry: Entry) -> Estimate:

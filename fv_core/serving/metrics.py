@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: N811
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -96,6 +99,11 @@ class Metrics:
         self.kv_evictions.labels(model, policy).inc(len(summary.get("evicted_blocks", [])))
         self.kv_cache_bytes.labels(model, policy).set(summary.get("peak_cache_bytes", 0))
 
+    def watch_engine(self, engine: Any) -> None:
+        """Export an Engine's scheduling (read at each scrape): its policy, predicted vs measured step
+        cost (a miscalibrated cost model shows), and its decisions."""
+        self.registry.register(SchedulingCollector(engine))
+
     def step(self, model: str) -> None:
         self.steps.labels(model).inc()
         self._step_times.append(time.monotonic())
@@ -108,3 +116,39 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class SchedulingCollector:
+    """Prometheus collector over an Engine's cost model and scheduling decisions."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        acc = self.engine.cost.accuracy()
+        policy = GaugeMetricFamily(
+            "fv_scheduling_policy", "The engine's scheduling policy", labels=["policy"]
+        )
+        policy.add_metric([self.engine.policy.policy], 1)
+        yield policy
+        yield CounterMetricFamily(
+            "fv_step_cost_predicted_seconds",
+            "Predicted seconds of the body calls run (batch curve, else calibrated plans)",
+            value=acc["predicted_s"],
+        )
+        yield CounterMetricFamily(
+            "fv_step_cost_measured_seconds", "Measured seconds of the same calls", value=acc["measured_s"]
+        )
+        yield GaugeMetricFamily(
+            "fv_step_cost_error_median",
+            "Median |measured / predicted - 1| over the latest 256 calls",
+            value=acc["median_rel_error"],
+        )
+        decisions = CounterMetricFamily(
+            "fv_schedule_decisions",
+            "Scheduler decisions: batch, alone (run-alone), preempt, probe, late, split (out of memory)",
+            labels=["decision"],
+        )
+        for name, count in self.engine.decisions.as_dict().items():
+            decisions.add_metric([name], count)
+        yield decisions

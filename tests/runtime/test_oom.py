@@ -102,7 +102,7 @@ def test_a_lone_request_out_of_memory_fails_only_itself(model):
 
 def test_a_request_that_can_never_fit_the_memory_budget_is_refused_at_submission(model, denoise):
     weights = resident_bytes(model)
-    scheduling = Scheduling(memory_budget_bytes=weights + 1000)
+    scheduling = Scheduling(policy="auto", memory_budget_bytes=weights + 1000)  # a deploy file's section
     engine = Engine(scheduling=scheduling)
     assert engine.admission.budget.memory_bytes == weights + 1000 and engine.policy.policy == "auto"
     with pytest.raises(AdmissionInfeasible) as err:

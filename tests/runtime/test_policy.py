@@ -189,3 +189,21 @@ def test_auto_learns_the_batch_curve_and_records_predicted_vs_measured(model, de
     assert 1 in curve.seconds and curve.batched()  # measured alone, and probed batched
     acc = engine.cost.accuracy()
     assert acc["predicted_s"] > 0 and acc["measured_s"] > 0 and acc["median_rel_error"] >= 0
+
+
+def test_metrics_export_the_policy_predicted_vs_measured_cost_and_decisions(model, denoise):
+    from fv_core.serving.metrics import Metrics
+
+    engine, metrics = Engine(scheduling=SchedulingPolicy("auto")), Metrics()
+    metrics.watch_engine(engine)
+    engine.run_batched([(denoise, Request(f"r{i}", params={"steps": 3}, seed=i), model) for i in range(3)])
+    text = metrics.render().decode()
+    assert 'fv_scheduling_policy{policy="auto"} 1.0' in text
+    for name, count in engine.decisions.as_dict().items():
+        assert f'fv_schedule_decisions_total{{decision="{name}"}} {float(count)}' in text
+    assert (
+        engine.decisions.probe >= 1 and engine.decisions.batch >= engine.decisions.probe
+    )  # first tick probes
+    acc = engine.cost.accuracy()
+    assert f"fv_step_cost_predicted_seconds_total {acc['predicted_s']!r}" in text
+    assert f"fv_step_cost_measured_seconds_total {acc['measured_s']!r}" in text and acc["measured_s"] > 0
