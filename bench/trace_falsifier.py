@@ -1,22 +1,31 @@
-"""The design's falsifier: step-level scheduling vs request-level dispatch on one seeded Poisson trace.
+"""The design's falsifier: scheduling policies on one seeded Poisson trace, per regime and load.
 
-Usage: python -m bench.trace_falsifier [--requests 24] [--loads 1.0 2.0] [--rounds 3] [--smoke]
+Usage: python -m bench.trace_falsifier [--requests 24] [--loads 0.5 1 2 3] [--rounds 3]
+       [--regimes medium tiny] [--smoke]
 
-Requests of mixed sizes and step counts arrive as a Poisson process. Both
-policies serve the same trace on the same loaded model, in one process,
-through AsyncEngine as ``fv serve`` drives it:
+Requests of mixed sizes and step counts arrive as a Poisson process. Each
+policy serves the same trace on the same loaded model, in one process,
+through AsyncEngine as ``fv serve`` drives it (``determinism: batched``, up to
+16 requests admitted), with a fresh engine and cost model per run (it learns
+its batch curve online, as a restarted server does):
 
-- step: ``determinism: batched`` — up to 16 requests running, their steps
-  interleaved and compatible steps batched;
-- request: the same engine admitting one request at a time (FIFO), i.e.
-  dispatch of whole requests.
+- fifo: request-level FIFO, one request's steps at a time (dispatch of whole requests);
+- fair: step-level time-sharing, every running request a step per tick, compatible steps batched;
+- auto: the cost model decides: batch where the measured batch curve pays, else the least
+  remaining work first, with an aging bound (fv_core/runtime/policy.py).
 
-The arrival rate is ``load`` / (mean solo service time of the trace's
-requests, measured in the warm-up): at 1.0 throughput is bound by arrivals and
-latency is the question; at 2.0 the queue builds and throughput shows capacity. Reported per policy: throughput, p50 / p95 latency (arrival to
-result), p50 / p95 time to first denoise step, requests in flight. Rounds
-alternate the policy order. Writes bench/results/trace_falsifier.json + .png
-(``--smoke``: the tiny checkpoint, 6 requests, no files unless --out).
+Regimes: ``medium`` (a medium Wan transformer, 3 sizes x 2/4/8 steps: a batched
+call costs about its rows apart on a CPU) and ``tiny`` (the tiny checkpoint at
+small sizes and 1-2 steps, few-step-student-like, where a batched call costs
+about one row: batching pays). The arrival rate is ``load`` / (mean solo service
+time of the trace's requests, measured in the warm-up): below 1 latency is the
+question, above 1 the queue builds and throughput shows capacity. Reported per
+policy: throughput, p50 / p95 latency (arrival to result), p50 / p95 time to
+first denoise step, requests in flight, the scheduler's decisions and the cost
+model's median |measured / predicted - 1| per call; per load, ``auto`` over the
+better of fifo and fair. Rounds alternate the policy order. Writes
+bench/results/trace_falsifier.json + .png (latency CDF per policy per load and
+regime; ``--smoke``: the tiny checkpoint, 6 requests, no files unless --out).
 """
 
 from __future__ import annotations
@@ -35,13 +44,18 @@ from typing import Any
 import torch
 
 import fv_core
-from fv_core.runtime import AsyncEngine, Budget, Engine
+from fv_core.runtime import AsyncEngine, Budget, Engine, SchedulingPolicy
+from fv_wan.tiny import write_tiny_checkpoint
 
 MEDIUM = dict(num_attention_heads=8, attention_head_dim=64, ffn_dim=2048, num_layers=8)  # wan_vs_diffusers
 PROMPTS = ["a cat running in the forest", "a red car in the city at night", "a boat on the lake at sunset"]
-POLICIES = {"step": 16, "request": 1}  # policy -> requests running at once
-FULL = dict(shapes=[(5, 32, 32), (9, 48, 48), (9, 64, 64)], steps=[2, 4, 8])
-SMOKE = dict(shapes=[(5, 32, 32), (5, 48, 48)], steps=[1, 2])
+POLICIES = ("fifo", "fair", "auto")
+MAX_RUNNING = 16  # requests admitted at once
+REGIMES = {  # transformer config (None: the tiny checkpoint's), shapes (frames, height, width), steps
+    "medium": dict(transformer=MEDIUM, shapes=[(5, 32, 32), (9, 48, 48), (9, 64, 64)], steps=[2, 4, 8]),
+    "tiny": dict(transformer=None, shapes=[(5, 32, 32), (5, 48, 48)], steps=[1, 2]),
+}
+SMOKE = dict(transformer=None, shapes=[(5, 32, 32), (5, 48, 48)], steps=[1, 2])
 
 
 @dataclass(slots=True)
@@ -101,8 +115,10 @@ def request_for(model: Any, a: Arrival, rid: str) -> Any:
 async def serve_trace(model: Any, trace: list[Arrival], gap_s: float, policy: str, tag: str) -> dict:
     """Serve the trace under one policy; per request: arrival, first step and finish times."""
     clock = StepClock()
-    budget = Budget(max_running=POLICIES[policy], max_waiting=len(trace) + 1)
-    engine = AsyncEngine(Engine(budget, observers=(clock,)), batching=True)
+    budget = Budget(max_running=MAX_RUNNING, max_waiting=len(trace) + 1)
+    device = getattr(model.instance, "device", "cpu")
+    inner = Engine(budget, device=device, observers=(clock,), scheduling=SchedulingPolicy(policy))
+    engine = AsyncEngine(inner, batching=True)
     done: dict[str, tuple[float, float]] = {}
     outputs: dict[str, torch.Tensor] = {}
 
@@ -118,7 +134,11 @@ async def serve_trace(model: Any, trace: list[Arrival], gap_s: float, policy: st
         t0 = time.perf_counter()
         await asyncio.gather(*(one(i, a) for i, a in enumerate(trace)))
         wall = time.perf_counter() - t0
-    return summarize(policy, trace, done, clock, wall) | {"outputs": outputs}
+    stats = {
+        "decisions": inner.decisions.as_dict(),
+        "cost_median_rel_error": inner.cost.accuracy()["median_rel_error"],
+    }
+    return summarize(policy, trace, done, clock, wall) | stats | {"outputs": outputs}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -150,7 +170,6 @@ def summarize(policy: str, trace: list[Arrival], done: dict, clock: StepClock, w
     depth = in_flight(list(done.values()))
     return {
         "policy": policy,
-        "max_running": POLICIES[policy],
         "requests": len(done),
         "wall_s": wall,
         "throughput_rps": len(done) / wall,
@@ -163,12 +182,13 @@ def summarize(policy: str, trace: list[Arrival], done: dict, clock: StepClock, w
         "in_flight_mean": statistics.fmean(depth),
         "in_flight_max": max(depth),
         "running_overlap_max": overlap([(clock.first_step[r], clock.finished[r]) for r in done]),
+        "latencies_s": sorted(lat),
     }
 
 
 def solo_seconds(model: Any, trace: list[Arrival]) -> float:
     """Warm every shape and prompt; return the trace's mean solo service time."""
-    engine, cost = Engine(), {}
+    engine, cost = Engine(device=getattr(model.instance, "device", "cpu")), {}
     for a in trace:
         key = (a.frames, a.size, a.steps)
         if key not in cost:
@@ -182,14 +202,14 @@ def solo_seconds(model: Any, trace: list[Arrival]) -> float:
 
 
 def run(
-    weights: Path, requests: int, loads: list[float], rounds: int, seed: int, mix: dict, threads: int = 1
+    weights: Path, requests: int, loads: list[float], rounds: int, seed: int, mix: dict, device: str = "cpu"
 ) -> dict[str, Any]:
-    """Load the model, draw the trace, serve it at each load under both policies ``rounds`` times."""
-    torch.set_num_threads(threads)
-    model = fv_core.load(str(weights))
+    """Load the model, draw the trace, serve it at each load under every policy ``rounds`` times."""
+    model = fv_core.load(str(weights), device=device)
     trace = make_trace(requests, seed, mix["shapes"], mix["steps"])
     solo_s = solo_seconds(model, trace)
     return {
+        "model": {"transformer": mix["transformer"] or "tiny checkpoint"},
         "trace": {
             "requests": requests,
             "seed": seed,
@@ -198,14 +218,12 @@ def run(
             "steps": mix["steps"],
             "total_denoise_steps": sum(a.steps for a in trace),
         },
-        "rounds": rounds,
-        "torch_threads": threads,
         "loads": {f"{load:g}": serve_load(model, trace, solo_s / load, rounds) for load in loads},
     }
 
 
 def serve_load(model: Any, trace: list[Arrival], gap_s: float, rounds: int) -> dict[str, Any]:
-    """Both policies on the trace at one arrival rate, alternating which goes first."""
+    """Every policy on the trace at one arrival rate, alternating the order they go in."""
     runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
     outputs: dict[str, dict[int, torch.Tensor]] = {p: {} for p in POLICIES}
     for r in range(rounds):
@@ -215,98 +233,131 @@ def serve_load(model: Any, trace: list[Arrival], gap_s: float, rounds: int) -> d
             for rid, out in res.pop("outputs").items():
                 outputs[policy][int(rid.rsplit("-", 1)[1])] = out
             runs[policy].append(res)
-    worst = max((outputs["step"][i] - outputs["request"][i]).abs().max().item() for i in range(len(trace)))
+    worst = {
+        p: max((outputs[p][i] - outputs["fifo"][i]).abs().max().item() for i in range(len(trace)))
+        for p in POLICIES
+        if p != "fifo"
+    }
     policies = {p: median_of(rs) | {"per_round": rs} for p, rs in runs.items()}
     return {
         "mean_interarrival_s": gap_s,
         "policies": policies,
-        "step_over_request": compare(policies),
-        "outputs_max_abs_diff_step_vs_request": worst,
+        "auto_vs_best": compare(policies),
+        "outputs_max_abs_diff_vs_fifo": worst,
     }
 
 
 def compare(policies: dict[str, dict]) -> dict[str, float]:
-    """Step-level over request-level, per headline metric (> 1: higher for step-level)."""
-    keys = ("throughput_rps", "latency_p50_s", "latency_p95_s", "ttfs_p50_s", "ttfs_p95_s")
-    return {k: policies["step"][k] / policies["request"][k] for k in keys}
+    """auto over the better of fifo and fair per headline metric (latencies: < 1 is better; throughput: > 1),
+    and auto's time to first step over fifo's."""
+    auto, others = policies["auto"], [policies["fifo"], policies["fair"]]
+    out = {k: auto[k] / min(o[k] for o in others) for k in ("latency_p50_s", "latency_p95_s", "ttfs_p50_s")}
+    out["throughput_rps"] = auto["throughput_rps"] / max(o["throughput_rps"] for o in others)
+    out["throughput_over_fifo"] = auto["throughput_rps"] / policies["fifo"]["throughput_rps"]
+    out["ttfs_p50_over_fifo"] = auto["ttfs_p50_s"] / policies["fifo"]["ttfs_p50_s"]
+    return out
 
 
 def median_of(rounds: list[dict]) -> dict[str, Any]:
-    """Per numeric metric: the median over rounds."""
-    return {
+    """Per numeric metric (and per count of ``decisions``): the median over rounds."""
+    out: dict[str, Any] = {
         k: statistics.median([r[k] for r in rounds])
         for k, v in rounds[0].items()
         if isinstance(v, int | float)
     }
+    out["decisions"] = {
+        k: statistics.median([r["decisions"][k] for r in rounds]) for k in rounds[0]["decisions"]
+    }
+    return out
 
 
 def smoke(folder: Path, requests: int = 6) -> dict[str, Any]:
     """The tiny checkpoint, a short trace, one round: the core of the bench, fast."""
-    from fv_wan.tiny import write_tiny_checkpoint
-
+    torch.set_num_threads(1)
     write_tiny_checkpoint(folder)
     return run(folder, requests, loads=[1.0], rounds=1, seed=0, mix=SMOKE)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
+    """Latency CDF per policy, one panel per regime and load (all rounds pooled)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    loads = result["loads"]
-    fig, axes = plt.subplots(len(loads), 2, figsize=(10, 4 * len(loads)), squeeze=False)
-    for (left, right), (load, res) in zip(axes, loads.items(), strict=True):
-        pols, names = res["policies"], list(res["policies"])
-        for j, (metric, label) in enumerate(
-            [
-                ("latency_p50_s", "p50 latency"),
-                ("latency_p95_s", "p95 latency"),
-                ("ttfs_p50_s", "p50 first step"),
-            ]
-        ):
-            xs = [i + 0.27 * j for i in range(len(names))]
-            left.bar(xs, [pols[p][metric] for p in names], 0.27, label=label)
-        left.set_xticks([i + 0.27 for i in range(len(names))], [f"{p}-level" for p in names])
-        left.set_ylabel("seconds")
-        left.legend(fontsize=8)
-        left.set_title(f"load {load}: latency (median over rounds)")
-        right.bar([f"{p}-level" for p in names], [pols[p]["throughput_rps"] for p in names])
-        right.set_ylabel("requests / s")
-        right.set_title(f"load {load}: throughput, {result['trace']['requests']} requests")
+    panels = [
+        (regime, load, res) for regime, r in result["regimes"].items() for load, res in r["loads"].items()
+    ]
+    cols = max(len(r["loads"]) for r in result["regimes"].values())
+    rows = len(result["regimes"])
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
+    for ax, (regime, load, res) in zip(axes.flat, panels, strict=False):
+        for policy, stats in res["policies"].items():
+            lat = sorted(x for r in stats["per_round"] for x in r["latencies_s"])
+            ax.step(lat, [(i + 1) / len(lat) for i in range(len(lat))], where="post", label=policy)
+        ax.set_title(f"{regime}, load {load}", fontsize=10)
+        ax.set_xlabel("latency (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument(
-        "--loads", type=float, nargs="+", default=[1.0, 2.0], help="arrival rate / solo service rate"
+        "--loads",
+        type=float,
+        nargs="+",
+        default=[0.5, 1.0, 2.0, 3.0],
+        help="arrival rate / solo service rate",
     )
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny checkpoint, 6 requests, one round")
     ap.add_argument("--out", help="JSON path (default bench/results/trace_falsifier.json; smoke: none)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.smoke:
-            result = smoke(Path(tmp))
-        else:
-            from fv_wan.tiny import write_tiny_checkpoint
-
-            write_tiny_checkpoint(Path(tmp), transformer=MEDIUM)
-            result = run(Path(tmp), args.requests, args.loads, args.rounds, args.seed, FULL, args.threads)
-    result = {"bench": "trace_falsifier", "model": "tiny" if args.smoke else {"transformer": MEDIUM}} | result
+    torch.set_num_threads(args.threads)
+    result: dict[str, Any] = {
+        "bench": "trace_falsifier",
+        "device": args.device,
+        "rounds": 1 if args.smoke else args.rounds,
+        "torch_threads": args.threads,
+        "regimes": {},
+    }
     out = args.out or (
         None if args.smoke else str(Path(__file__).parent / "results" / "trace_falsifier.json")
     )
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2))
-        plot(result, Path(out).with_suffix(".png"))
-    print(json.dumps({k: v for k, v in result.items()}, indent=2))
+    for name in ["tiny"] if args.smoke else args.regimes:  # the JSON is rewritten after each regime
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.smoke:
+                result["regimes"][name] = smoke(Path(tmp))
+            else:
+                mix = REGIMES[name]
+                write_tiny_checkpoint(Path(tmp), transformer=mix["transformer"])
+                result["regimes"][name] = run(
+                    Path(tmp), args.requests, args.loads, args.rounds, args.seed, mix, args.device
+                )
+        if out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(json.dumps(result, indent=2))
+            plot(result, Path(out).with_suffix(".png"))
+    print(json.dumps(headline(result), indent=2))
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """Per regime and load: each policy's median throughput, p50 / p95 latency, p50 first step; auto's ratios."""
+    keys = ("throughput_rps", "latency_p50_s", "latency_p95_s", "ttfs_p50_s")
+    return {
+        f"{regime} load {load}": {p: {k: round(s[k], 3) for k in keys} for p, s in res["policies"].items()}
+        | {"auto_vs_best": {k: round(v, 3) for k, v in res["auto_vs_best"].items()}}
+        for regime, r in result["regimes"].items()
+        for load, res in r["loads"].items()
+    }
 
 
 if __name__ == "__main__":

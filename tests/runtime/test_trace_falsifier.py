@@ -1,4 +1,4 @@
-"""bench/trace_falsifier.py's smoke mode runs end to end: one seeded trace under both policies."""
+"""bench/trace_falsifier.py's smoke mode runs end to end: one seeded trace under every policy."""
 
 import pytest
 
@@ -21,14 +21,17 @@ def test_quantiles_and_overlap():
     assert overlap([(0, 2), (1, 3), (1.5, 4)]) == 3
 
 
-def test_smoke_serves_the_same_trace_under_both_policies(tmp_path):
+def test_smoke_serves_the_same_trace_under_every_policy(tmp_path):
     result = smoke(tmp_path, requests=4)
     at_load = result["loads"]["1"]
-    step, request = at_load["policies"]["step"], at_load["policies"]["request"]
-    assert step["requests"] == request["requests"] == 4
-    assert request["running_overlap_max"] == 1  # request-level dispatch: never two requests mid-run
-    assert 1 <= step["running_overlap_max"] <= 4
-    for p in (step, request):
+    pols = at_load["policies"]
+    assert set(pols) == {"fifo", "fair", "auto"} and all(p["requests"] == 4 for p in pols.values())
+    assert pols["fifo"]["running_overlap_max"] == 1  # request-level FIFO: never two requests mid-run
+    assert 1 <= pols["fair"]["running_overlap_max"] <= 4
+    for p in pols.values():
         assert 0 < p["ttfs_p50_s"] <= p["latency_p50_s"] <= p["latency_p95_s"]
         assert p["ttfs_p95_s"] <= p["latency_p95_s"] and p["throughput_rps"] > 0
-    assert at_load["outputs_max_abs_diff_step_vs_request"] < 1e-3  # the same videos either way
+        assert len(p["per_round"][0]["latencies_s"]) == 4
+    assert pols["fifo"]["decisions"]["batch"] == 0 and pols["fifo"]["decisions"]["alone"] > 0
+    assert set(at_load["auto_vs_best"]) >= {"latency_p50_s", "latency_p95_s", "throughput_rps"}
+    assert max(at_load["outputs_max_abs_diff_vs_fifo"].values()) < 1e-3  # the same videos under every policy
