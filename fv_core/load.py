@@ -91,7 +91,7 @@ def load(
         weights=str(folder),
         weights_repo=origin.record() if origin is not None else None,
         source=name,
-        plugin=cards.plugin_of(card.model_id) if card.model_id in cards else _folder_plugin(host, folder),
+        plugin=cards.plugin_of(card.model_id) if card.model_id in cards else folder_plugin(host, folder),
         kernels={op: record for op, (_, record) in kernels.items()},
         interceptors=build_interceptors(host, names),
         interceptor_names=tuple(names),
@@ -162,6 +162,12 @@ def _card_on_weights(
         origin = snapshot(weights, allow_patterns(card)) if is_repo_id(weights) else None
         folder = origin.folder if origin is not None else Path(str(weights)).expanduser().resolve()
         return bind_card(host.registries, card, folder), folder, origin
+    return checkpoint_card(host, name)
+
+
+def checkpoint_card(host: PluginHost, name: str) -> tuple[ModelCard, Path, Snapshot | None]:
+    """The card built from the configs of the checkpoint folder (or Hugging Face repo id) ``name``, its
+    folder, and the repo's Snapshot (None for a folder)."""
     origin = folder_snapshot(name) if is_repo_id(name) else None
     folder = origin.folder if origin is not None else Path(name).expanduser().resolve()
     if not folder.is_dir():
@@ -233,7 +239,8 @@ def _folder_pipeline(host: PluginHost, folder: Path) -> Any:
     return None
 
 
-def _folder_plugin(host: PluginHost, folder: Path) -> str | None:
+def folder_plugin(host: PluginHost, folder: Path) -> str | None:
+    """The plugin that reads the checkpoint ``folder`` (None: no installed reader recognises it)."""
     pipeline = _folder_pipeline(host, folder)
     return host.registries.pipelines.plugin_of(pipeline) if pipeline in host.registries.pipelines else None
 

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from fv_core.card.assemble import assemble_card, interceptor_kind
-from fv_core.deploy.card import DeploymentCard
+from fv_core.deploy.card import DeploymentCard, ModelDeploy
 from fv_core.errors import ConfigError, WeightsError, explain
 from fv_core.hub import is_repo_id
 from fv_core.kernels_select import device_arch
@@ -48,6 +48,11 @@ def _check_model(
     model = deploy.models[index]
     where = f"models[{index}]"
     registries = host.registries
+    if model.card not in registries.cards and (
+        is_repo_id(model.card) or Path(model.card).expanduser().is_dir()
+    ):
+        _check_checkpoint(host, model, where, enabled)
+        return
     _check_enabled(host, "cards", model.card, enabled, f"{where}.card")
     card = assemble_card(registries, model.card)
     for op, variant in model.kernels.items():
@@ -71,6 +76,44 @@ def _check_model(
             refuse_pickles(folder)
         except WeightsError as exc:
             raise WeightsError(f"{where}.weights: {exc}") from None
+
+
+def _check_checkpoint(host: PluginHost, model: ModelDeploy, where: str, enabled: set[str]) -> None:
+    """An entry whose ``card`` is a checkpoint folder or a Hugging Face repo id (its card built from its
+    configs at load, as ``fv serve FOLDER|ID`` writes it): it sets nothing a card chooses, and the plugin
+    reading a folder is enabled (a repo id's, once fetched)."""
+    chosen = [f for f in ("weights", "kernels", "interceptors", "precision") if getattr(model, f)]
+    if chosen:
+        raise ConfigError(
+            f"{where}: card {model.card!r} is a checkpoint, served on the card built from its configs, and sets "
+            f"{chosen}, which are chosen on a registered card. Fix: name its card (`fv cards`) with "
+            f"weights: {model.card}, or drop {chosen}."
+        )
+    if is_repo_id(model.card):
+        return
+    folder = Path(model.card).expanduser()
+    plugin = checkpoint_plugin(host, folder, f"{where}.card")
+    if plugin not in enabled:
+        raise ConfigError(
+            f"{where}.card: {model.card!r} is read by plugin {plugin!r}, which this deploy does not enable. "
+            f"Fix: add {plugin!r} to 'plugins'."
+        )
+    refuse_pickles(folder)
+
+
+def checkpoint_plugin(host: PluginHost, folder: Path, where: str) -> str:
+    """The plugin that reads the checkpoint ``folder``; none is an error naming the installed readers."""
+    from fv_core.load import folder_plugin
+
+    plugin = folder_plugin(host, folder)
+    if plugin is None:
+        readers = sorted(str(k) for k in host.registries.pipelines)
+        raise WeightsError(
+            f"{where}: {str(folder)!r} has no model_index.json, and no installed folder reader recognises its "
+            f"files (readers: {readers}). Fix: point at a diffusers-format folder or a published layout one of "
+            "them reads, or install the model plugin for it."
+        )
+    return plugin
 
 
 def check_precision(card: Any, precision: str | None, where: str) -> None:

@@ -27,6 +27,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
 from fv_core.deploy.card import DeploymentCard
+from fv_core.load import checkpoint_card
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.registry import resolve_lazy
 from fv_core.serving import adapters, chat, images, sessions, status, videos, weights
@@ -130,7 +131,7 @@ def _served_params(deploy: DeploymentCard, host: PluginHost) -> list[type[BaseMo
     classes: list[type[BaseModel]] = []
     for m in deploy.models:
         try:
-            card = host.card(m.card)
+            card = host.card(m.card) if m.card in host.registries.cards else checkpoint_card(host, m.card)[0]
         except Exception:
             continue
         for task in card.programs:

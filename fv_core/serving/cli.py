@@ -71,6 +71,7 @@ def served_deploy(host: PluginHost, target: str, weights: str | None) -> Deploym
     enabling the plugins its card needs, with the default limits."""
     from fv_core.deploy import load_deploy
     from fv_core.errors import ConfigError
+    from fv_core.hub import is_repo_id
     from fv_core.replay import one_model_deploy
 
     if target.lower().endswith(DEPLOY_SUFFIXES):
@@ -82,16 +83,33 @@ def served_deploy(host: PluginHost, target: str, weights: str | None) -> Deploym
         return load_deploy(target)  # a missing file is an error naming it
     if target in host.registries.cards:
         return one_model_deploy(host, target, weights, limits={})
-    if Path(target).expanduser().is_dir():
-        raise ConfigError(
-            f"fv serve {target}: a checkpoint folder is served with the card it runs. Fix: fv serve CARD "
-            f"--weights {target} (cards: `fv cards`), or a deploy file naming both."
-        )
+    if Path(target).expanduser().is_dir() or is_repo_id(target):
+        return checkpoint_deploy(host, target, weights)
     cards = sorted(str(k) for k in host.registries.cards)
     raise ConfigError(
-        f"fv serve {target}: neither a deploy file (a .yaml, .yml or .json that exists) nor a registered card "
-        f"(cards: {cards}). Fix: pass a card id (see `fv cards`) or the path of a deploy file."
+        f"fv serve {target}: neither a deploy file (a .yaml, .yml or .json that exists), a registered card "
+        f"(cards: {cards}), a checkpoint folder nor a Hugging Face repo id (owner/name). Fix: pass a card id "
+        "(see `fv cards`), the path of a deploy file or of a checkpoint folder, or a repo id."
     )
+
+
+def checkpoint_deploy(host: PluginHost, target: str, weights: str | None) -> DeploymentCard:
+    """A deployment of the checkpoint ``target`` (a folder, or a Hugging Face repo id fetched here) served
+    by that name, its card built from its configs as ``fv generate --weights`` builds it, enabling the
+    plugin that reads it, with the default limits."""
+    from fv_core.deploy.card import DeploymentCard, ModelDeploy
+    from fv_core.deploy.check import checkpoint_plugin
+    from fv_core.errors import ConfigError
+    from fv_core.hub import folder_snapshot, is_repo_id
+
+    if weights is not None:
+        raise ConfigError(
+            f"fv serve {target} --weights {weights}: {target} is a checkpoint already, its card built from its "
+            f"configs. Fix: fv serve {target}, or fv serve CARD --weights {weights} (cards: `fv cards`)."
+        )
+    folder = folder_snapshot(target).folder if is_repo_id(target) else Path(target).expanduser().resolve()
+    plugin = checkpoint_plugin(host, folder, f"fv serve {target}")
+    return DeploymentCard(plugins=[plugin], models=[ModelDeploy(card=target)])
 
 
 def with_parallel(deploy: DeploymentCard, plan: str | None) -> DeploymentCard:

@@ -72,9 +72,9 @@ def test_bad_serve_target_names_the_value_the_rule_and_the_fix(argv, says, capsy
     assert all(s in err for s in says), err
 
 
-def test_a_folder_needs_its_card_and_weights_go_with_a_model(tmp_path, capsys):
-    assert main(["serve", str(tmp_path), "--port", "1"]) == 2
-    assert f"Fix: fv serve CARD --weights {tmp_path}" in capsys.readouterr().err
+def test_a_folder_needs_a_reader_and_weights_go_with_a_model(tmp_path, capsys):
+    assert main(["serve", str(tmp_path), "--port", "1"]) == 2  # a folder: its card from its configs
+    assert "has no model_index.json, and no installed folder reader" in capsys.readouterr().err
     deploy = tmp_path / "d.yaml"
     deploy.write_text(f"plugins: [fv-wan]\nmodels:\n  - card: {TINY}\n")
     assert main(["serve", str(deploy), "--weights", str(tmp_path), "--port", "1"]) == 2
