@@ -339,7 +339,8 @@ class Scheduler:
     def _candidate(self, entry: Entry) -> Candidate:
         state, plan, policy = entry.active_loop.state, entry.pending, self.config.policy
         assert isinstance(plan, WorkPlan), "a candidate has a pending WorkPlan"
-        left, step_s = self._remaining(entry), self.cost.predict(state, plan)
+        step_s = self.cost.predict(state, plan)
+        left = max(self._remaining(entry), step_s)  # at least its next step (an estimate may omit it)
         due = policy.due(entry.arrived, entry.served_s + left, left, entry.started)  # solo: done + left
         return Candidate(entry, curve_key(state, plan), plan.batch_size, step_s, left, due, entry.seq)
 
