@@ -14,6 +14,7 @@ from fv_core.hub import is_repo_id
 from fv_core.kernels_select import device_arch
 from fv_core.loop.seam import KIND_NEEDS
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
+from fv_core.providers import check_provided
 from fv_core.registry import lookup_kernel
 from fv_core.weights import bind_card, refuse_pickles
 
@@ -35,7 +36,8 @@ def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") 
     for i in range(len(deploy.models)):
         attempt(_check_model, deploy, host, i, enabled, device, arch)
     for plugin, options in deploy.plugin_options.items():
-        attempt(validate_plugin_options, host, deploy, plugin, options)
+        if plugin in host.infos or plugin not in deploy.plugins:  # a missing plugin: reported by require
+            attempt(validate_plugin_options, host, deploy, plugin, options)
     names = [m.served_name for m in deploy.models]
     if len(set(names)) != len(names):
         problems.append(f"models: served names {names} repeat. Fix: give each model a unique 'name'.")
@@ -56,9 +58,11 @@ def _check_model(
     _check_enabled(host, "cards", model.card, enabled, f"{where}.card")
     card = assemble_card(registries, model.card)
     for op, variant in model.kernels.items():
+        check_provided(registries, "kernels", variant, f"{where}.kernels.{op}")  # names the plugin to install
         key, _ = lookup_kernel(registries.kernels, op, device, arch, variant)
         _check_enabled(host, "kernels", key, enabled, f"{where}.kernels.{op}")
     for name in model.interceptors:
+        check_provided(registries, "interceptors", name, f"{where}.interceptors")
         _check_enabled(host, "interceptors", name, enabled, f"{where}.interceptors")
         kind = interceptor_kind(registries, name)
         if kind != "observer" and kind not in card.capabilities.interceptors:
