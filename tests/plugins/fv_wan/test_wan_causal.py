@@ -548,3 +548,30 @@ def test_sessions_refuse_what_they_cannot_follow(model):
     with pytest.raises(ConfigError, match="not open here"):
         run(model, continued(model, sid, "s3", "a cat", 1))
     assert model.instance.kv_pool.used_pages == 0
+
+
+def test_a_session_keeps_the_adapter_it_started_with(model, tmp_path):
+    """A session's cached keys/values were made with its first request's transformer adapters: a
+    continuation runs with the same ones (and differs from the session without them); another set is
+    refused naming the session's."""
+    from safetensors.torch import save_file
+
+    from fv_core.adapters import random_lora
+
+    save_file(random_lora(model.instance.component("transformer"), ("attn1.to_q", "ffn.net.2"), seed=2), tmp_path / "s.safetensors")
+    model.instance.adapters.add("look", tmp_path / "s.safetensors")
+
+    def step(sid, rid, prompt, seed, adapters):
+        request = model.prepare(
+            {"prompt": prompt, "num_frames": 9, "seed": seed, "session_id": sid}, request_id=rid, adapters=adapters
+        )
+        return run(model, request)
+
+    styled, plain = model.open_session(), model.open_session()
+    step(styled, "s1", "a cat", 1, ["look"])
+    step(plain, "p1", "a cat", 1, [])
+    with pytest.raises(ConfigError, match=r"session '.*' was started with .*'adapters': 'look@.*Fix: send"):
+        step(styled, "s2x", "a dog", 2, [])
+    second = step(styled, "s2", "a dog", 2, ["look"])
+    assert not torch.equal(second.outputs["latents"], step(plain, "p2", "a dog", 2, []).outputs["latents"])
+    assert model.close_session(styled) and model.close_session(plain)

@@ -45,7 +45,7 @@ from fv_wan.causal_window import cache_layout, context_frames, drop_tokens, evic
 from fv_wan.model import CausalWanModel
 from fv_wan.params import CausalWanParams
 from fv_wan.samplers import chunk_schedule, renoise, shifted
-from fv_wan.sessions import SHAPE
+from fv_wan.sessions import session_shape
 from fv_wan.t2v_loop import WanLoop
 from fv_wan.text_cache import cached_kv
 from fv_wan.variant import HIGH_NOISE
@@ -113,7 +113,7 @@ class CausalWanLoop(WanLoop):
     def _continue(self, state: LoopState, p: CausalWanParams, sid: str) -> None:
         """Start from the session's video: a fork of its pages, its window, frame count and decoder cache."""
         inst, v = self.instance, state.values
-        shape = {k: getattr(p, k) for k in SHAPE}
+        shape = session_shape(p, state)
         session = inst.sessions.claim(sid, state.request_id, shape)
         if session.frames + v["chunks"] * v["chunk_frames"] > inst.rope_frames:
             inst.sessions.release(session.id, state.request_id)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fv_core import ConfigError
+from fv_core.adapters import adapter_tag
+from fv_core.loop import LoopState
 from fv_core.kv import KVSeq, PagedKVPool
 
 DEFAULT_TTL_S = 600.0
@@ -38,8 +40,15 @@ class Session:
     busy: str | None = None  # the request continuing it now
 
 
-# the params a session's cache depends on: every continuation must use the first one's
-SHAPE = ("height", "width", "chunk_frames", "window_frames", "sink_frames", "context_timestep", "flow_shift")
+# what a session's cache depends on, every continuation must match the first request's: its params, and
+# the adapters its transformer ran (the cached keys/values were made with them)
+PARAMS = ("height", "width", "chunk_frames", "window_frames", "sink_frames", "context_timestep", "flow_shift")
+SHAPE = (*PARAMS, "adapters")
+
+
+def session_shape(params: Any, state: LoopState) -> dict[str, Any]:
+    """A request's :data:`SHAPE`: its params and its transformer adapters (names, versions, scales)."""
+    return {**{k: getattr(params, k) for k in PARAMS}, "adapters": adapter_tag(state, "transformer")}
 
 
 class Sessions:
@@ -105,7 +114,7 @@ class Sessions:
                     param="session_id",
                 )
             if session.shape is not None and session.shape != shape:
-                differ = {k: (shape[k], session.shape[k]) for k in SHAPE if shape[k] != session.shape[k]}
+                differ = {k: (shape[k], session.shape.get(k)) for k in SHAPE if shape[k] != session.shape.get(k)}
                 raise ConfigError(
                     f"session {sid!r} was started with {session.shape}; this request changes "
                     f"{ {k: v[0] for k, v in differ.items()} }, which its cached frames cannot follow. "
