@@ -13,6 +13,7 @@ request's scale.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -168,3 +169,37 @@ def _pattern(patterns: dict[str, Any], module: str, default: Any) -> Any:
         if re.fullmatch(rf"(.*\.)?{key}", module):
             return value
     return default
+
+
+def save_lora(folder: str | Path, loader: str, weights: LoraWeights) -> Path:
+    """Write ``weights`` as diffusers does (the inverse of :func:`read_lora`): ``folder/``
+    ``pytorch_lora_weights.safetensors`` with ``<component>.<module>.lora_A/B.weight`` keys and each
+    component's ``r`` / ``lora_alpha`` / ``target_modules`` in the ``lora_adapter_metadata`` header,
+    written by ``save_lora_weights`` of ``loader`` (the card's diffusers LoRA loader mixin). Every pair
+    of a component must share one rank and one scale. Returns the file's path."""
+    mixin, kwargs = resolve_lazy(loader), {}
+    for component, modules in weights.items():
+        if f"{component}_lora_layers" not in inspect.signature(mixin.save_lora_weights).parameters:
+            raise ConfigError(
+                f"{loader}.save_lora_weights writes no {component!r} LoRA (diffusers' format for this family "
+                f"has none). Fix: export LoRA pairs of the components it writes."
+            )
+        configs = {(p.down.shape[0], p.scale) for p in modules.values()}
+        if len(configs) != 1:
+            raise ConfigError(
+                f"{component}'s LoRA pairs have {len(configs)} (rank, scale) settings {sorted(configs)[:3]}; "
+                "the export writes one r and lora_alpha per component. Fix: train one rank and alpha."
+            )
+        (rank, scale), = configs
+        kwargs[f"{component}_lora_layers"] = {
+            f"{module}.lora_{ab}.weight": t.detach().cpu().contiguous()
+            for module, pair in modules.items()
+            for ab, t in (("A", pair.down), ("B", pair.up))
+        }
+        kwargs[f"{component}_lora_adapter_metadata"] = {
+            "r": rank,
+            "lora_alpha": scale * rank,
+            "target_modules": sorted(modules),
+        }
+    mixin.save_lora_weights(str(folder), **kwargs)
+    return Path(folder) / DIFFUSERS_FILE

@@ -92,10 +92,27 @@ class AdapterPlane:
         self.check_scale(name, scale)
         weights = self._read(path, into)
         mapping = tuple(sorted((k, tuple(v)) for k, v in (into or {}).items()))
+        return self._register(name, str(path), scale, mapping, weights)
+
+    def add_weights(self, name: str, weights: LoraWeights, scale: float = 1.0) -> AdapterEntry:
+        """Register pairs held in memory as adapter ``name``, checked against the model like a file's: a
+        LoRA being trained (``fv_core.adapters.TrainableLora``), whose very tensors the hooks then apply.
+        Hold it while it is used: an evicted in-memory adapter has no file to be read back from."""
+        self.check_scale(name, scale)
+        unknown = sorted(set(weights) - set(self.contract.components))
+        if unknown:
+            raise ConfigError(
+                f"adapter {name!r} targets {unknown}, which this card's adapters may not (they may target "
+                f"{self.contract.components}). Fix: train the pairs on one of those components."
+            )
+        checked = {c: self._checked(f"<{name}>", c, modules) for c, modules in weights.items()}
+        return self._register(name, f"<in memory: {name}>", scale, (), checked)
+
+    def _register(self, name: str, path: str, scale: float, mapping: tuple, weights: LoraWeights) -> AdapterEntry:
         pairs = [p for modules in weights.values() for p in modules.values()]
         entry = AdapterEntry(
             name=name,
-            path=str(path),
+            path=path,
             scale=scale,
             into=mapping,
             version=_fingerprint(weights, mapping),

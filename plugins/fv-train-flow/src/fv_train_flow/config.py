@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fv_core.training import StrictModel
 
@@ -65,6 +65,10 @@ DEFAULT_TEXT_ENCODER = dict(
 )
 
 
+# the attention projections (self and cross) and FFN linears of every Wan block
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
+
+
 class FlowOptions(StrictModel):
     """Options of the ``flow`` method (plain flow-matching training / finetuning of a Wan checkpoint)."""
 
@@ -88,3 +92,19 @@ class FlowOptions(StrictModel):
     eval_samples: int = Field(12, ge=0)  # prompts sampled with the serve loop per eval (0: skip)
     eval_steps: int = Field(8, gt=0)  # sampling steps for those
     eval_card: str = "wan2.1-t2v-tiny"  # a Wan card whose loop serves these weights during evals
+    # LoRA instead of a full fine-tune: pairs of this rank on the transformer's linears whose paths end in
+    # one of lora_targets, trained through the adapter plane's hooks (base and text encoder frozen);
+    # the export is diffusers' pytorch_lora_weights.safetensors, served per request with adapters
+    lora_rank: int | None = Field(None, gt=0)
+    lora_alpha: float | None = Field(None, gt=0)  # scale alpha / rank (default: alpha = rank)
+    # module path suffixes (None: LORA_TARGETS; None also keeps older runs' recorded options resumable)
+    lora_targets: list[str] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _lora_freezes_text(self) -> FlowOptions:
+        if self.lora_rank and self.train_text_encoder and "train_text_encoder" in self.model_fields_set:
+            raise ValueError(
+                f"train_text_encoder=true with lora_rank={self.lora_rank}: a LoRA run trains the transformer's "
+                "pairs only and keeps the text encoder frozen. Fix: drop train_text_encoder, or lora_rank"
+            )
+        return self

@@ -40,9 +40,11 @@ def generate_videos(
     guidance: float,
     sampler: str,
     max_sequence_length: int | None = None,
+    adapters: list[Any] | None = None,
 ) -> tuple[list[torch.Tensor], float]:
     """Frames [F, H, W, 3] per pair through the serve engine (compatible steps batched); seconds/video.
-    ``max_sequence_length``: prompt padding (default: the card's)."""
+    ``max_sequence_length``: prompt padding (default: the card's); ``adapters``: served LoRAs every
+    request runs (``LoadedModel.prepare``)."""
     from fv_core.runtime import Engine
 
     params = dict(
@@ -55,7 +57,8 @@ def generate_videos(
         max_sequence_length=max_sequence_length,
     )
     items = [
-        model.job(model.prepare({**params, "prompt": spec.caption, "seed": seed})) for spec, seed in pairs
+        model.job(model.prepare({**params, "prompt": spec.caption, "seed": seed}, adapters=adapters or ()))
+        for spec, seed in pairs
     ]
     start = time.perf_counter()
     with torch.inference_mode():
@@ -147,10 +150,11 @@ def evaluate_model(
     sampler: str = "unipc",
     strip: Path | None = None,
     max_sequence_length: int | None = None,
+    adapters: list[Any] | None = None,
 ) -> dict[str, Any]:
     """One (sampler, steps, guidance) cell: accuracy, diversity and generation time."""
     pairs = prompt_set(prompts)
-    videos, seconds = generate_videos(model, pairs, steps, guidance, sampler, max_sequence_length)
+    videos, seconds = generate_videos(model, pairs, steps, guidance, sampler, max_sequence_length, adapters)
     report: dict[str, Any] = score(pairs, [detect(v) for v in videos])
     report["settings"] = {"sampler": sampler, "steps": steps, "guidance": guidance, "prompts": prompts}
     report["real_start_spread"] = real_spread(pairs)

@@ -8,12 +8,20 @@ step bodies under the train profile: no second forward, and no import of the fam
 Captions are dropped to "" at ``caption_dropout`` so classifier-free guidance has an unconditional
 branch. Roles: the student (the loaded model's own modules) is optimised (AdamW, grad clipping); an
 EMA copy is what evaluation and the export use.
+
+With ``lora_rank`` only LoRA pairs train (``fv_core.adapters.TrainableLora``): they are registered on
+the loaded model's adapter plane and applied by its per-row hooks around the same serve bodies, so the
+training forward is what a request naming the exported adapter runs; the base transformer and the text
+encoder stay frozen. The student and the EMA are then the pairs (on the shared base), and the export is
+diffusers' ``pytorch_lora_weights.safetensors`` with ``fv_recipe.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
+import json
 import shutil
 import tempfile
 import time
@@ -26,6 +34,7 @@ from safetensors.torch import save_file
 
 import fv_core
 from fv_core import ConfigError
+from fv_core.adapters import TrainableLora
 from fv_core.training import (
     Consistency,
     MethodSpec,
@@ -41,11 +50,14 @@ from fv_core.training import (
     validate_options,
 )
 from fv_train_flow import shapes
-from fv_train_flow.config import FlowOptions
+from fv_train_flow.config import LORA_TARGETS, FlowOptions
 
 TRAINED = ("transformer", "text_encoder")  # components the student role holds
 EVAL_SIGMAS = (0.2, 0.4, 0.6, 0.8, 0.95)  # fixed noise levels of the validation loss
 EVAL_GUIDANCE = 4.0  # CFG scale of the sampled evals
+LORA = "lora"  # a LoRA run's role entry holding its pairs (beside the shared, frozen base modules)
+LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' name, which save_lora writes
+RECIPE_FILE = "fv_recipe.json"
 
 
 class FlowMethod:
@@ -65,13 +77,39 @@ class FlowMethod:
         folder = self.opts.init_weights or self.fresh_checkpoint()
         model = fv_core.load(weights=folder)  # the card from the folder's own configs
         self.adapter = train_adapter(model, max_sequence_length=self.opts.max_sequence_length)
-        student = {name: self.adapter.module(name).requires_grad_(True) for name in TRAINED}
-        self.roles: dict[Role, dict[str, torch.nn.Module]] = {Role.STUDENT: student}
-        if not self.opts.train_text_encoder:
-            student["text_encoder"].requires_grad_(False)
-        self.roles[Role.EMA] = {k: copy.deepcopy(m).requires_grad_(False) for k, m in student.items()}
+        self.roles: dict[Role, dict[str, torch.nn.Module]] = {}
+        if self.opts.lora_rank:
+            self.trained: tuple[str, ...] = (LORA,)
+            self.lora_roles(folder)
+        else:
+            self.trained = TRAINED
+            student = {name: self.adapter.module(name).requires_grad_(True) for name in TRAINED}
+            if not self.opts.train_text_encoder:
+                student["text_encoder"].requires_grad_(False)
+            self.roles[Role.STUDENT] = student
+            self.roles[Role.EMA] = {k: copy.deepcopy(m).requires_grad_(False) for k, m in student.items()}
         self.opt = make_optimizer(self.trainable(), cfg.optim)
         self._pool: tuple[torch.Tensor, list[str]] | None = None
+
+    def lora_roles(self, folder: Path) -> None:
+        """Student and EMA pairs over the loaded model's frozen modules, both on its adapter plane."""
+        plane = getattr(self.adapter.model.instance, "adapters", None)
+        if plane is None:
+            raise ConfigError(
+                f"options.lora_rank={self.opts.lora_rank}, but the model in {str(folder)!r} "
+                f"({self.adapter.model.card.model_id}) takes no adapters. Fix: train a LoRA on a Wan "
+                "checkpoint, or drop lora_rank for a full fine-tune"
+            )
+        base = {name: self.adapter.module(name).requires_grad_(False) for name in TRAINED}
+        alpha = self.opts.lora_alpha or self.opts.lora_rank
+        targets = self.opts.lora_targets or list(LORA_TARGETS)
+        student = TrainableLora(base["transformer"], self.opts.lora_rank, alpha, targets)
+        ema = copy.deepcopy(student).requires_grad_(False)
+        student.attach(plane, "training-student")
+        ema.attach(plane, "training-ema")
+        self.roles[Role.STUDENT] = {**base, LORA: student}
+        self.roles[Role.EMA] = {**base, LORA: ema}
+        self.base = folder
 
     def fresh_checkpoint(self) -> Path:
         """``<output_dir>/init``: freshly initialised transformer and text encoder (from ``seed``,
@@ -162,8 +200,10 @@ class FlowMethod:
         noise = torch.randn(x0.shape, generator=gen)
         s = sigma.view(-1, 1, 1, 1, 1)
         noisy = (1 - s) * x0 + s * noise
-        embeds = self.adapter.conditioning(captions, modules["text_encoder"], train)
-        velocity = self.adapter.velocity(modules["transformer"], noisy, sigma, embeds, train)
+        lora = modules.get(LORA)
+        with lora.applied() if lora is not None else contextlib.nullcontext():
+            embeds = self.adapter.conditioning(captions, modules["text_encoder"], train)
+            velocity = self.adapter.velocity(modules["transformer"], noisy, sigma, embeds, train)
         return torch.nn.functional.mse_loss(velocity, noise - x0)
 
     def latents(self, video: torch.Tensor) -> torch.Tensor:
@@ -173,7 +213,8 @@ class FlowMethod:
     @torch.no_grad()
     def update_ema(self, step: int) -> None:
         decay = 0.0 if step < self.opts.ema_start else self.opts.ema_decay
-        for name, student in self.roles[Role.STUDENT].items():
+        for name in self.trained:
+            student = self.roles[Role.STUDENT][name]
             for e, s in zip(self.roles[Role.EMA][name].parameters(), student.parameters(), strict=True):
                 e.lerp_(s, 1 - decay)
 
@@ -197,45 +238,89 @@ class FlowMethod:
         }
         metrics: dict[str, Any] = {"val_loss": sum(losses.values()) / len(losses), **losses}
         if self.opts.eval_samples:
-            from fv_train_flow.eval import evaluate_folder
+            report = self.lora_samples() if self.opts.lora_rank else self.folder_samples()
+            metrics.update({f"acc_{k}": v for k, v in report["all"].items() if k != "n"})
+        return metrics
 
-            with tempfile.TemporaryDirectory() as tmp:
-                self.export(Path(tmp))
-                report = evaluate_folder(
-                    Path(tmp),
+    def folder_samples(self) -> dict[str, Any]:
+        """Detector accuracy of the EMA checkpoint served by ``eval_card``."""
+        from fv_train_flow.eval import evaluate_folder
+
+        with tempfile.TemporaryDirectory() as tmp:
+            self.export(Path(tmp))
+            return evaluate_folder(
+                Path(tmp),
+                self.opts.eval_samples,
+                self.opts.eval_steps,
+                EVAL_GUIDANCE,
+                card=self.opts.eval_card,
+                max_sequence_length=self.opts.max_sequence_length,  # as trained, whatever the card's
+            )
+
+    def lora_samples(self) -> dict[str, Any]:
+        """Detector accuracy of the loaded model with the EMA pairs, exported and served per request
+        (a fresh adapter version each time, so no cache of an earlier evaluation is reused)."""
+        from fv_train_flow.eval import evaluate_model
+
+        plane, name = self.adapter.model.instance.adapters, "training-eval"
+        with tempfile.TemporaryDirectory() as tmp:
+            plane.add(name, self.export(Path(tmp)))
+            try:
+                return evaluate_model(
+                    self.adapter.model,
                     self.opts.eval_samples,
                     self.opts.eval_steps,
                     EVAL_GUIDANCE,
-                    card=self.opts.eval_card,
-                    max_sequence_length=self.opts.max_sequence_length,  # as trained, whatever the card's
+                    max_sequence_length=self.opts.max_sequence_length,
+                    adapters=[name],
                 )
-            metrics.update({f"acc_{k}": v for k, v in report["all"].items() if k != "n"})
-        return metrics
+            finally:
+                plane.remove(name)
 
     # ---- checkpoints ----
 
     def save(self, folder: Path) -> None:
-        """Student and EMA weights in the diffusers layout (``folder`` is itself a loadable model with
-        the EMA weights; ``folder/student`` holds the student) plus optimiser state."""
+        """Student and EMA weights (``folder`` is the export: a loadable model, or with ``lora_rank`` the
+        EMA LoRA file; ``folder/student`` holds the student) plus optimiser state."""
         self.export(folder)
-        for name, module in self.roles[Role.STUDENT].items():
-            module.save_pretrained(folder / "student" / name, safe_serialization=True)
+        for name in self.trained:
+            module = self.roles[Role.STUDENT][name]
+            if isinstance(module, TrainableLora):
+                module.save(folder / "student", self.adapter.model.card.adapters.loader)
+            else:
+                module.save_pretrained(folder / "student" / name, safe_serialization=True)
         save_optimizer(self.opt, folder / "optimizer.safetensors")
 
     def load(self, folder: Path) -> None:
+        if self.opts.lora_rank:
+            self.roles[Role.STUDENT][LORA].load(folder / "student" / LORA_FILE)
+            self.roles[Role.EMA][LORA].load(folder / LORA_FILE)
+            load_optimizer(self.opt, folder / "optimizer.safetensors")
+            return
         for role, root in ((Role.STUDENT, folder / "student"), (Role.EMA, folder)):
             for name, module in self.roles[role].items():
                 saved = type(module).from_pretrained(root / name, use_safetensors=True)  # safetensors only
                 module.load_state_dict(saved.state_dict())
         load_optimizer(self.opt, folder / "optimizer.safetensors")
 
-    def export(self, folder: Path) -> None:
-        """A complete checkpoint (real diffusers layout) with the EMA weights and the frozen VAE."""
-        recipe = {
+    def export(self, folder: Path) -> Path:
+        """A complete checkpoint (real diffusers layout) with the EMA weights and the frozen VAE; with
+        ``lora_rank``, the EMA pairs as diffusers' LoRA file (returned) and the recipe, whose ``base``
+        names the checkpoint they were trained on."""
+        recipe: dict[str, Any] = {
             "method": "flow",
             "parents": [str(self.opts.init_weights)] if self.opts.init_weights else [],
         }
-        self.adapter.export(folder, self.roles[Role.EMA], recipe)
+        if not self.opts.lora_rank:
+            self.adapter.export(folder, self.roles[Role.EMA], recipe)
+            return folder
+        o = self.opts
+        recipe |= {"base": str(self.base), "steps": self.cfg.steps, "seed": self.cfg.seed,
+                   "lora": {"rank": o.lora_rank, "alpha": o.lora_alpha or o.lora_rank,
+                            "targets": o.lora_targets or list(LORA_TARGETS)}}  # fmt: skip
+        file = self.roles[Role.EMA][LORA].save(folder, self.adapter.model.card.adapters.loader)
+        (Path(folder) / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
+        return file
 
 
 def shifted_sigmas(n: int, opts: FlowOptions, gen: torch.Generator) -> torch.Tensor:

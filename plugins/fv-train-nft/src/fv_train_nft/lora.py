@@ -7,7 +7,9 @@ directions per layer: there the same random advantages moved the model to KL 0.0
 reward beat them.
 
 The adapters live on the student only (peft layers on its Linear modules); the old policy, the
-reference and every exported checkpoint hold plain weights with the adapters folded in.
+reference and every exported checkpoint hold plain weights with the adapters folded in. The export also
+writes the adapters alone in diffusers' LoRA format (``lora_weights`` -> ``fv_core.adapters.save_lora``,
+the writer fv-train-flow's LoRA runs use), served per request over the starting checkpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from fv_core import ConfigError
+from fv_core.adapters import LowRank
 
 
 def add_lora(module: torch.nn.Module, rank: int, alpha: float, targets: list[str]) -> None:
@@ -47,6 +50,18 @@ def merged_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         name.replace(".base_layer.", "."): param.detach() + deltas[name] if name in deltas else param.detach()
         for name, param in module.named_parameters()
         if not is_lora(name)
+    }
+
+
+def lora_weights(module: torch.nn.Module) -> dict[str, LowRank]:
+    """Each adapted layer's path (its name in the plain module) -> its pair and scale ``alpha / rank``."""
+    from peft.tuners.lora import LoraLayer
+
+    return {
+        name: LowRank(layer.lora_A[a].weight.detach(), layer.lora_B[a].weight.detach(), layer.scaling[a])
+        for name, layer in module.named_modules()
+        if isinstance(layer, LoraLayer)
+        for a in layer.active_adapters
     }
 
 

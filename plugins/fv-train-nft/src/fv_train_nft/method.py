@@ -33,7 +33,8 @@ One optimisation step (``step``), as published:
 Roles: student (trains the transformer, or LoRA adapters on it with ``lora_rank``), old (samples),
 reference (frozen copy of the start, the KL anchor). The text encoder, VAE and tokenizer are the
 card's, frozen and shared. ``export`` writes the student's transformer (adapters folded in) over the
-starting checkpoint with ``fv_recipe.json``.
+starting checkpoint with ``fv_recipe.json``; a LoRA student's adapters also go, alone, to
+``lora/pytorch_lora_weights.safetensors`` (diffusers' format), served per request over that checkpoint.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ from safetensors.torch import load_file, save_file
 
 import fv_core
 from fv_core import ConfigError
+from fv_core.adapters import save_lora
 from fv_core.training import (
     Consistency,
     MethodSpec,
@@ -68,13 +71,14 @@ from fv_core.training import (
     validate_options,
 )
 from fv_train_nft.config import NftOptions, read_prompts
-from fv_train_nft.lora import add_lora, load_lora_state, lora_state, merged_weights
+from fv_train_nft.lora import add_lora, load_lora_state, lora_state, lora_weights, merged_weights
 from fv_train_nft.loss import advantages, blend_old, nft_loss, old_decay, optimality
 
 TRAINED = ("transformer",)  # what the student trains; every other component is the card's, shared
 SEED_STRIDE = 1_000_003  # rollout seed = base + step * SEED_STRIDE + sample (never the eval seeds 0..)
 EVAL_SEED_BASE = 0  # eval prompt i, seed s: seed s (as fv eval seeds its prompt set)
-LORA_FILE = "student_lora.safetensors"  # a LoRA student's adapters in a checkpoint folder
+LORA_FILE = "student_lora.safetensors"  # a LoRA student's adapters in a checkpoint folder (to resume)
+LORA_EXPORT = "lora"  # the export's subfolder holding them in diffusers' format (to serve)
 
 
 class NftMethod:
@@ -483,6 +487,10 @@ class NftMethod:
             "train_timesteps": self.levels, "flow_shift": o.flow_shift, "max_level": o.max_level, "steps": self.cfg.steps, "seed": self.cfg.seed,
         }  # fmt: skip
         self.adapter.export(folder, self.student_weights(), recipe)
+        shutil.rmtree(folder / LORA_EXPORT, ignore_errors=True)  # a parent export's adapters are not ours
+        if o.lora_rank:
+            pairs = lora_weights(self.roles[Role.STUDENT]["transformer"])
+            save_lora(folder / LORA_EXPORT, self.model.card.adapters.loader, {"transformer": pairs})
 
 
 def schedule(steps: int, shift: float, top: float = 1.0) -> torch.Tensor:
