@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fv_core.adapters.rows import rows_subset
+
 if TYPE_CHECKING:
     from fv_core.loop.seam import BlockHook
 
@@ -115,4 +117,5 @@ def _run(
     if len(active) == total:
         return block(index, hidden)
     rows = torch.cat([torch.arange(p.rows.start, p.rows.stop) for p in active]).to(hidden.device)
-    return hidden.index_copy(0, rows, block(index, hidden.index_select(0, rows), rows))
+    with rows_subset(rows):  # the LoRA adapters of these rows only (fv_core.adapters)
+        return hidden.index_copy(0, rows, block(index, hidden.index_select(0, rows), rows))

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 import fv_core
 from fv_core import ConfigError
 from fv_core.adapters import random_lora
-from fv_core.parity import check_batched_parity
+from fv_core.parity import check_batched_parity, compare_results
 from fv_core.runtime import Engine
 from fv_core.runtime.policy import SchedulingPolicy
 from fv_ltx2.cards import REFINE_LORA
@@ -180,6 +180,30 @@ def test_different_adapters_share_one_batched_call_and_equal_their_solo_runs(mod
         report = check_batched_parity(engine, items, tol=model.card.parity.tolerances["frames"])
     assert report.ok, str(report)
     assert max(steps.sizes) == 4, "all four requests (three adapter sets and none) shared calls"
+
+
+def test_cached_requests_with_different_adapters_batch_and_equal_their_solo_cached_runs(model, plane):
+    """FBCache on: a batched call runs a block for the rows that compute it only; those rows keep their
+    own adapters (the rows' decisions differ, so such sub-calls happen)."""
+    from fv_cache_dit import FBCache
+
+    def items():
+        asks = [[("av", 0.8)], [], [("own", 1.0)]]
+        return [
+            model.job(model.prepare({**ASK, "num_inference_steps": 4, "seed": i + 1}, request_id=f"c{i}", adapters=a))
+            for i, a in enumerate(asks)
+        ]
+
+    cache = dict(residual_diff_threshold=0.3, max_warmup_steps=1)
+    steps = BatchCount()
+    with torch.no_grad():
+        solo = Engine(interceptors=[FBCache(**cache)]).run_serial(items())
+        batched = Engine(observers=[steps], interceptors=[FBCache(**cache)]).run_batched(items())
+    report = compare_results(solo, batched, "batched", tolerance=model.card.parity.tolerances["frames"])
+    assert report.ok, str(report)
+    stats = [r.metrics["cache_dit"] for r in batched]
+    assert stats == [r.metrics["cache_dit"] for r in solo] and len({s["computed"] for s in stats}) > 1
+    assert max(steps.sizes) == 3
 
 
 def test_the_text_cache_is_keyed_by_the_gemma_and_connector_adapters(model, plane):
