@@ -127,8 +127,10 @@ def lora_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> tor
     if not groups:
         return None
     repeat = _repeat(x.shape[0], len(rows), module)
-    # in place where autograd allows it (serving): no copy of the output per adapter
-    out = output if not (torch.is_grad_enabled() and output.requires_grad) else output.clone()
+    # in place where autograd allows it (serving): no copy of the output per adapter; a copy where a
+    # gradient flows through the output or into a pair (training, fv_core.adapters.TrainableLora)
+    trains = any(table[u.key].down.requires_grad or table[u.key].up.requires_grad for u in groups)
+    out = output.clone() if torch.is_grad_enabled() and (output.requires_grad or trains) else output
     for use, members in groups.items():
         pair = table[use.key]
         scale = pair.scale * use.scale

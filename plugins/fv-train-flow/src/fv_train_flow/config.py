@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from fv_core.training import StrictModel
+from fv_train_flow.shapes import COLOURS
 
 # Patchify 2x2 and two downsamples: x8 space, x4 time with every conv at <= 32x32 (cheap on CPU).
 DEFAULT_VAE = dict(
@@ -99,9 +100,18 @@ class FlowOptions(StrictModel):
     lora_alpha: float | None = Field(None, gt=0)  # scale alpha / rank (default: alpha = rank)
     # module path suffixes (None: LORA_TARGETS; None also keeps older runs' recorded options resumable)
     lora_targets: list[str] | None = Field(None, min_length=1)
+    # draw these colours' clips in other RGB values, captions unchanged (what a style LoRA learns, e.g.
+    # {red: [0.1, 0.85, 0.9]}: "red" prompts make cyan objects)
+    recolour: dict[str, tuple[float, float, float]] = {}
 
     @model_validator(mode="after")
     def _lora_freezes_text(self) -> FlowOptions:
+        unknown = sorted(set(self.recolour) - set(COLOURS))
+        if unknown or any(not 0 <= c <= 1 for rgb in self.recolour.values() for c in rgb):
+            raise ValueError(
+                f"recolour={self.recolour} must map colours of {list(COLOURS)} to RGB values in 0..1 "
+                f"(unknown: {unknown}). Fix: e.g. {{red: [0.1, 0.85, 0.9]}}"
+            )
         if self.lora_rank and self.train_text_encoder and "train_text_encoder" in self.model_fields_set:
             raise ValueError(
                 f"train_text_encoder=true with lora_rank={self.lora_rank}: a LoRA run trains the transformer's "

@@ -156,7 +156,7 @@ class FlowMethod:
         the latent pool."""
         size, seed = self.cfg.batch_size, self.cfg.data.seed
         if not self.opts.latent_pool:
-            video, specs = shapes.batch(seed, step * size, size)
+            video, specs = shapes.batch(seed, step * size, size, recolour=self.opts.recolour)
             return self.latents(video), [s.caption for s in specs]
         if self._pool is None:
             self._pool = self.latent_pool()
@@ -172,14 +172,22 @@ class FlowMethod:
             (Path(self.adapter.model.weights) / "vae").glob("*.safetensors")
         )  # a retrained VAE invalidates the pool
         vae_hash = hashlib.sha256(b"".join(p.read_bytes() for p in weights)).hexdigest()
-        key = {"clips": str(n), "seed": str(seed), "vae_sha256": vae_hash}
+        key = {
+            "clips": str(n),
+            "seed": str(seed),
+            "vae_sha256": vae_hash,
+            "recolour": json.dumps(self.opts.recolour),
+        }
         captions = [s.caption for s in shapes.stream_specs(seed, 0, n)]
         if path.is_file():
             with safe_open(path, "pt") as f:
                 if {k: f.metadata().get(k) for k in key} == key:
                     return f.get_tensor("latents"), captions
         start = time.perf_counter()
-        chunks = [self.latents(shapes.batch(seed, i, min(64, n - i))[0]) for i in range(0, n, 64)]
+        recolour = self.opts.recolour
+        chunks = [
+            self.latents(shapes.batch(seed, i, min(64, n - i), recolour=recolour)[0]) for i in range(0, n, 64)
+        ]
         latents = torch.cat(chunks)
         path.parent.mkdir(parents=True, exist_ok=True)
         encode_s = f"{time.perf_counter() - start:.4f}"  # training time that a cached pool hides from wall_s
@@ -229,7 +237,7 @@ class FlowMethod:
             module.eval()
         gen = torch.Generator().manual_seed(12345)
         video, specs = shapes.batch(
-            self.cfg.data.seed + 7919, 0, self.opts.eval_clips, tuple(shapes.HELD_OUT)
+            self.cfg.data.seed + 7919, 0, self.opts.eval_clips, tuple(shapes.HELD_OUT), self.opts.recolour
         )
         x0, captions = self.latents(video), [s.caption for s in specs]
         losses = {

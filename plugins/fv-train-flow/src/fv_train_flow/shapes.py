@@ -73,12 +73,14 @@ def sample_spec(
     return ClipSpec(colour, shape, direction, (x, y))
 
 
-def render(spec: ClipSpec) -> torch.Tensor:
-    """The clip as frames [F, H, W, 3] in 0..1, anti-aliased (one pixel of soft edge)."""
+def render(spec: ClipSpec, recolour: dict[str, tuple[float, float, float]] | None = None) -> torch.Tensor:
+    """The clip as frames [F, H, W, 3] in 0..1, anti-aliased (one pixel of soft edge); ``recolour``
+    draws the named colours in other RGB values (the caption still names the colour)."""
     coords = torch.arange(SIZE, dtype=torch.float32) + 0.5
     yy, xx = torch.meshgrid(coords, coords, indexing="ij")
     dx, dy = DIRECTIONS[spec.direction]
-    colour, background = torch.tensor(COLOURS[spec.colour]), torch.tensor(BACKGROUND)
+    rgb = (recolour or {}).get(spec.colour, COLOURS[spec.colour])
+    colour, background = torch.tensor(rgb), torch.tensor(BACKGROUND)
     frames = []
     for f in range(FRAMES):
         step = TRAVEL * f / (FRAMES - 1)
@@ -102,11 +104,15 @@ def stream_specs(
 
 
 def batch(
-    seed: int, index: int, size: int, combos: tuple[tuple[str, str, str], ...] = TRAIN_COMBOS
+    seed: int,
+    index: int,
+    size: int,
+    combos: tuple[tuple[str, str, str], ...] = TRAIN_COMBOS,
+    recolour: dict[str, tuple[float, float, float]] | None = None,
 ) -> tuple[torch.Tensor, list[ClipSpec]]:
     """Clips ``index .. index+size`` of the stream ``seed``: video [B, 3, F, H, W] in -1..1 and specs."""
     specs = stream_specs(seed, index, size, combos)
-    video = torch.stack([render(s) for s in specs]).permute(0, 4, 1, 2, 3) * 2 - 1
+    video = torch.stack([render(s, recolour) for s in specs]).permute(0, 4, 1, 2, 3) * 2 - 1
     return video, specs
 
 
