@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    print(json.dumps(load_plugins().report(), indent=2, default=str))
+    print(json.dumps(load_plugins().report(imports=args.imports), indent=2, default=str))
     return 0
 
 
@@ -107,7 +107,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         epilog="Plugins add commands (e.g. `fv eval` from fv-train-flow): `fv plugins` lists what each registers.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("plugins", help="list discovered plugins as JSON").set_defaults(func=cmd_plugins)
+    plugins = sub.add_parser("plugins", help="list discovered plugins as JSON")
+    plugins.add_argument(
+        "--imports",
+        action="store_true",
+        help="import every lazy registration (torch, Ray, ...), so a broken import is reported too "
+        "(default: only a missing module is)",
+    )
+    plugins.set_defaults(func=cmd_plugins)
     cards = sub.add_parser("cards", help="list assembled model cards")
     cards.add_argument("--json", action="store_true", help="print JSON")
     cards.add_argument("--deploy", metavar="FILE", help="show the kernels this deploy file selects per model")

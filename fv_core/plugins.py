@@ -166,12 +166,12 @@ class PluginHost:
         return staged
 
     def _commit(self, plugin_name: str, staged: list[tuple[str, Hashable, Any]]) -> None:
-        from fv_core.kernels import check_kernel  # imports torch: only for a kernel given whole
-
         done: list[tuple[str, Hashable]] = []
         try:
             for registry_name, key, value in staged:
                 if registry_name == "kernels" and not isinstance(value, str):
+                    from fv_core.kernels import check_kernel  # imports torch: only for a kernel given whole
+
                     check_kernel(key, value)  # lazy kernels are checked when first imported
                 getattr(self.registries, registry_name).register(key, value, plugin_name)
                 done.append((registry_name, key))
@@ -231,9 +231,10 @@ class PluginHost:
             if broken:
                 raise ConfigError(f"plugin {name!r} is required but cannot be imported: {'; '.join(broken)}")
 
-    def report(self) -> list[dict[str, Any]]:
-        """JSON-able description of every plugin, for ``fv plugins``; lazy registrations are imported so
-        one that cannot be is reported as the plugin's error."""
+    def report(self, imports: bool = False) -> list[dict[str, Any]]:
+        """JSON-able description of every plugin, for ``fv plugins``; a lazy registration whose module is
+        missing is reported as the plugin's error; with ``imports``, each is imported (torch, Ray, ...), so
+        a broken import or a missing name is reported too."""
         return [
             {
                 "name": i.name,
@@ -242,7 +243,7 @@ class PluginHost:
                 "hooks": i.hooks,
                 "registered": i.registered,
                 "contested": self._contested(i.name),
-                "error": i.error or "; ".join(self._import_errors(i.name)) or None,
+                "error": i.error or "; ".join(self._import_errors(i.name, imports)) or None,
             }
             for i in self.infos.values()
         ]
@@ -257,9 +258,10 @@ class PluginHost:
                     shared.setdefault(name, {})[key if isinstance(key, str) else repr(key)] = plugins
         return shared
 
-    def _import_errors(self, plugin: str) -> list[str]:
+    def _import_errors(self, plugin: str, imports: bool = True) -> list[str]:
         registries = [getattr(self.registries, name) for name in REGISTRY_NAMES]
-        return [error for registry in registries for error in registry.import_errors(plugin)]
+        check = "import_errors" if imports else "missing_modules"
+        return [error for registry in registries for error in getattr(registry, check)(plugin)]
 
 
 class _Stager:

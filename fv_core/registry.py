@@ -9,6 +9,7 @@ deploy enables only one; an unknown key lists what is available.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,13 +97,16 @@ class Registry:
             try:
                 entry.value = resolve_lazy(entry.value)
             except (ImportError, AttributeError) as exc:
-                raise PluginLoadError(
-                    f"{self.name} key {key!r} of plugin {entry.plugin!r} names {entry.value!r}, which cannot be "
-                    f"imported ({type(exc).__name__}: {exc}). Fix: reinstall {entry.plugin!r}, or disable it "
-                    f"(FV_DISABLE_PLUGINS={entry.plugin})."
-                ) from exc
+                raise PluginLoadError(self._unimportable(key, entry, exc)) from exc
             entry.loaded = True
         return entry.value
+
+    def _unimportable(self, key: Hashable, entry: Entry, exc: Exception) -> str:
+        return (
+            f"{self.name} key {key!r} of plugin {entry.plugin!r} names {entry.value!r}, which cannot be "
+            f"imported ({type(exc).__name__}: {exc}). Fix: reinstall {entry.plugin!r}, or disable it "
+            f"(FV_DISABLE_PLUGINS={entry.plugin})."
+        )
 
     def import_errors(self, plugin: str) -> list[str]:
         """Why each of ``plugin``'s lazy values cannot be imported (imports them all)."""
@@ -112,6 +116,22 @@ class Registry:
                 self.get(key)
             except PluginLoadError as exc:
                 errors.append(str(exc))
+        return errors
+
+    def missing_modules(self, plugin: str) -> list[str]:
+        """Why each of ``plugin``'s lazy values cannot be imported, found without importing them: its module
+        is not there (``import_errors`` imports them, so it also finds a broken import or a missing name)."""
+        errors = []
+        for key, entry in self.entries.items():
+            lazy = isinstance(entry.value, str) and ":" in entry.value
+            if entry.plugin != plugin or entry.loaded or not lazy:
+                continue
+            module = entry.value.partition(":")[0]
+            try:  # imports the module's parent packages only
+                if importlib.util.find_spec(module) is None:
+                    raise ModuleNotFoundError(f"No module named {module!r}")
+            except ImportError as exc:
+                errors.append(self._unimportable(key, entry, exc))
         return errors
 
     def plugin_of(self, key: Hashable) -> str:

@@ -9,14 +9,13 @@ from fv_core.extend import hookimpl
 
 @hookimpl
 def fv_register_interceptors(register: Callable[..., None]) -> None:
-    from fv_cache_dit.dbcache import DBCache, FBCache, TaylorSeer
-
-    for factory in (FBCache, DBCache, TaylorSeer):
-        register(factory.name, factory)  # each class carries kind = "block_skip"
+    # lazy: imported on first use (they import torch); each class's name is its key, its kind "block_skip"
+    for name, factory in (("fbcache", "FBCache"), ("dbcache", "DBCache"), ("taylorseer", "TaylorSeer")):
+        register(name, f"fv_cache_dit.dbcache:{factory}")
 
 
 @hookimpl
 def fv_register_options(register: Callable[..., None]) -> None:
-    from fv_cache_dit.options import PLUGIN, CacheDiTOptions
-
-    register(PLUGIN, CacheDiTOptions)
+    register(
+        "fv-cache-dit", "fv_cache_dit.options:CacheDiTOptions"
+    )  # lazy: imported when a deploy or load reads it

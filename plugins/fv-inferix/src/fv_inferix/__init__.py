@@ -1,6 +1,21 @@
-"""fv-inferix: Inferix-style KV management for block-causal loops (local + retrieved global blocks)."""
+"""fv-inferix: Inferix-style KV management for block-causal loops (local + retrieved global blocks).
 
-from fv_inferix.options import PLUGIN, InferixOptions
-from fv_inferix.policy import Inferix
+The names below are imported on first use, so loading the plugin does not import torch."""
 
-__all__ = ["PLUGIN", "Inferix", "InferixOptions"]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_MODULE = {
+    "PLUGIN": "options",
+    "InferixOptions": "options",
+    "Inferix": "policy",
+}
+__all__ = sorted(_MODULE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_MODULE[name]}"), name)

@@ -9,13 +9,12 @@ from fv_core.extend import hookimpl
 
 @hookimpl
 def fv_register_interceptors(register: Callable[..., None]) -> None:
-    from fv_inferix.policy import Inferix
-
-    register(Inferix.name, Inferix)  # kind = "kv_policy": cards with a block-causal loop accept it
+    # lazy: imported on first use (it imports torch); kind = "kv_policy": block-causal loops accept it
+    register("inferix", "fv_inferix.policy:Inferix")  # the key is Inferix.name
 
 
 @hookimpl
 def fv_register_options(register: Callable[..., None]) -> None:
-    from fv_inferix.options import PLUGIN, InferixOptions
-
-    register(PLUGIN, InferixOptions)
+    register(
+        "fv-inferix", "fv_inferix.options:InferixOptions"
+    )  # lazy: imported when a deploy or load reads it

@@ -18,6 +18,4 @@ def fv_register_kernels(register: Callable[..., None]) -> None:
 
 @hookimpl
 def fv_register_options(register: Callable[..., None]) -> None:
-    from fv_sta.options import StaOptions
-
-    register(PLUGIN, StaOptions)
+    register(PLUGIN, "fv_sta.options:StaOptions")  # lazy: imported when a deploy or load reads it

@@ -16,6 +16,4 @@ def fv_register_methods(register: Callable[..., None]) -> None:
 
 @hookimpl
 def fv_register_options(register: Callable[..., None]) -> None:
-    from fv_train_dmd2.config import DMD2Options
-
-    register(PLUGIN, DMD2Options)
+    register(PLUGIN, "fv_train_dmd2.config:DMD2Options")  # lazy: it builds on fv_core.training (torch)

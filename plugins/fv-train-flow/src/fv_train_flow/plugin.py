@@ -23,9 +23,7 @@ def fv_register_rewards(register: Callable[..., None]) -> None:
 
 @hookimpl
 def fv_register_options(register: Callable[..., None]) -> None:
-    from fv_train_flow.config import FlowOptions
-
-    register(PLUGIN, FlowOptions)
+    register(PLUGIN, "fv_train_flow.config:FlowOptions")  # lazy: imported when a deploy or load reads it
 
 
 @hookimpl

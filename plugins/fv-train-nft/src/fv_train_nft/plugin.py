@@ -18,9 +18,7 @@ def fv_register_methods(register: Callable[..., None]) -> None:
 
 @hookimpl
 def fv_register_options(register: Callable[..., None]) -> None:
-    from fv_train_nft.config import NftOptions
-
-    register(PLUGIN, NftOptions)
+    register(PLUGIN, "fv_train_nft.config:NftOptions")  # lazy: imported when a deploy or load reads it
 
 
 @hookimpl

@@ -16,6 +16,6 @@ def fv_register_methods(register: Callable[..., None]) -> None:
 
 @hookimpl
 def fv_register_options(register: Callable[..., None]) -> None:
-    from fv_train_self_forcing.config import SelfForcingOptions
-
-    register(PLUGIN, SelfForcingOptions)
+    register(
+        PLUGIN, "fv_train_self_forcing.config:SelfForcingOptions"
+    )  # lazy: imported when a deploy or load reads it

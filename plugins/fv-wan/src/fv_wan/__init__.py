@@ -2,24 +2,32 @@
 
 Public helpers: the load shortcuts, the Wan loop's pure step bodies, the checkpoint helpers of the
 diffusers layout. Training methods reach Wan only through ``fv_core.training.train_adapter``
-(``fv_wan.training.WanTrainAdapter``), never by importing this package.
+(``fv_wan.training.WanTrainAdapter``), never by importing this package. The names below are imported on
+first use, so loading the plugin (``fv plugins``, ``fv --help``) does not import torch.
 """
 
-from fv_wan.bodies import decode_body, denoise_body, encode_body, text_kv_body
-from fv_wan.checkpoint import load_component
-from fv_wan.generate import card, generate, load
-from fv_wan.tiny import WAN_SCHEDULER_CONFIG, word_tokenizer, write_pipeline_files
+from __future__ import annotations
 
-__all__ = [
-    "WAN_SCHEDULER_CONFIG",
-    "card",
-    "decode_body",
-    "denoise_body",
-    "encode_body",
-    "generate",
-    "load",
-    "load_component",
-    "text_kv_body",
-    "word_tokenizer",
-    "write_pipeline_files",
-]
+from importlib import import_module
+from typing import Any
+
+_MODULE = {
+    "decode_body": "bodies",
+    "denoise_body": "bodies",
+    "encode_body": "bodies",
+    "text_kv_body": "bodies",
+    "load_component": "checkpoint",
+    "card": "generate",
+    "generate": "generate",
+    "load": "generate",
+    "WAN_SCHEDULER_CONFIG": "tiny",
+    "word_tokenizer": "tiny",
+    "write_pipeline_files": "tiny",
+}
+__all__ = sorted(_MODULE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_MODULE[name]}"), name)
