@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from diffusers import LTX2Pipeline
@@ -27,8 +28,8 @@ ASK = {"prompt": "a dog barking in the rain", "negative_prompt": "blurry", "num_
 # both streams' attentions (self, text, audio<->video), feed-forwards, and top-level audio linears
 AV_TARGETS = (
     "attn1.to_q", "attn2.to_k", "audio_to_video_attn.to_v", "video_to_audio_attn.to_out.0", "ff.net.0.proj",
-    "audio_ff.net.2", "audio_proj_in", "audio_caption_projection.linear_1", "audio_time_embed.linear",
-)  # fmt: skip
+    "audio_ff.net.2", "audio_proj_in", "audio_caption_projection.linear_1", "time_embed.linear",
+)  # fmt: skip  # time_embed.linear: both streams' (the video one per token in i2av)
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +153,31 @@ def test_a_gemma_lora_matches_peft_on_diffusers_text_encoder(model, plane, pipe,
     video, audio = ours(model, ["te"])
     assert gap(video, ref[0]) <= 1e-5 and gap(audio, ref[1]) <= 1e-5
     assert gap(video, plain[0]) > 1e-3 and gap(audio, plain[1]) > 1e-3
+
+
+def test_c1_image_to_video_with_an_adapter(model, plane, lora_files, ltx_path):
+    """i2av gives each video token its own timestep: the time embedding's linears see rows x tokens."""
+    from diffusers import LTX2ImageToVideoPipeline
+    from PIL import Image
+
+    from fv_core import ImagePart
+
+    pixels = (np.random.default_rng(3).random((64, 64, 3)) * 255).round().astype(np.uint8)
+    request = model.prepare({**ASK, "seed": 5}, task="i2av", parts=[ImagePart(pixels / np.float32(255))],
+                            adapters=[("av", 0.8)])  # fmt: skip
+    with torch.no_grad():
+        got = Engine().run_one(*model.job(replace(request, carry={"latents_out": True}))).outputs
+    pipe = LTX2ImageToVideoPipeline.from_pretrained(ltx_path)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(str(lora_files["av"]), adapter_name="av")
+    pipe.set_adapters(["av"], [0.8])
+    video, audio = pipe(image=Image.fromarray(pixels), **call_args(request.params.model_dump()), image_crf=request.params.image_crf,
+                        generator=torch.Generator().manual_seed(5), output_type="latent", return_dict=False)  # fmt: skip
+    assert gap(got["latents"], video) <= 1e-5 and gap(got["audio_latents"], audio) <= 1e-5
+    pipe.disable_lora()
+    base = pipe(image=Image.fromarray(pixels), **call_args(request.params.model_dump()), image_crf=request.params.image_crf,
+                generator=torch.Generator().manual_seed(5), output_type="latent", return_dict=False)  # fmt: skip
+    assert gap(got["latents"], base[0]) > 1e-3, "the adapter changes the image-conditioned video"
 
 
 class BatchCount:

@@ -14,7 +14,7 @@ from fv_ltx2.t2av_loop import LTX2Loop
 
 class LTX2RefineLoop(LTX2Loop):
     """Loop ``refine``: with the card's refine LoRA shipped in the folder, its transformer runs with it
-    merged."""
+    merged; a request's adapters apply unmerged on top, as in every stage."""
 
     loop_id = "refine"
     block_seam = False  # 3 distilled steps (nothing to cache) on LoRA-merged weights

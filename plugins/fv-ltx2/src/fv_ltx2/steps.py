@@ -45,7 +45,8 @@ def lora_denoise_body(
 ) -> dict[str, Any]:
     """:func:`denoise_body` on the transformer with ``weights`` (LoRA-merged) in place of its own for this
     call only (``torch.func.functional_call`` swaps them in and back; bodies run on the engine's one
-    worker thread, so no other call sees them)."""
+    worker thread, so no other call sees them). The modules' forward hooks still run: a request's LoRA
+    adapters (``fv_core.adapters``) add their deltas unmerged on top."""
     video, audio = torch.func.functional_call(
         transformer, weights, args=(), kwargs=transformer_kwargs(inputs, statics), strict=False
     )
