@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -21,6 +22,7 @@ COMMANDS = [
     ["plugins"],
     ["generate", "--help"],
     ["generate", "--model", "wan2.1-t2v-tiny", "--help"],
+    ["validate", "examples/deploy/wan-shapes.yaml"],
 ]
 
 
@@ -39,7 +41,9 @@ def main() -> None:
     parser.add_argument("--label", default="after")
     parser.add_argument("--out", default="bench/results/cli_startup.json")
     args = parser.parse_args()
-    results = {}
+    results: dict = {
+        "load_average_1min": {"start": round(os.getloadavg()[0], 2)}
+    }  # other jobs on the machine
     for command in COMMANDS:
         seconds = [
             timed([sys.executable, "-m", "fv_core.cli", *command], args.cwd) for _ in range(args.repeats)
@@ -50,6 +54,7 @@ def main() -> None:
             "repeats": args.repeats,
         }
         print(f"{args.label}: fv {' '.join(command)}: {results['fv ' + ' '.join(command)]}", flush=True)
+    results["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     out = Path(args.out)
     merged = json.loads(out.read_text()) if out.exists() else {}
     merged[args.label] = results
