@@ -1,8 +1,9 @@
 """LoRA adapters per request on LTX-2: C1 against diffusers' ``load_lora_weights`` + ``set_adapters`` on the
 same weights and seed (a diffusers-format LoRA on both streams with a saved alpha, LTX-2's own
 ``diffusion_model.`` / ``text_embedding_projection.`` format, the two combined), a Gemma LoRA against PEFT
-on diffusers' text encoder, requests with different adapters (and none) in one batched call, the two-stage
-program with an adapter on top of the refine LoRA, the text cache keyed by adapter, and a Wan LoRA refused."""
+on diffusers' text encoder, i2av, requests with different adapters (and none) in one batched call (FBCache
+on too), the text cache keyed by adapter, the two-stage program with an adapter on top of the refine LoRA,
+and a Wan LoRA refused."""
 
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ from fv_ltx2.program import GUIDANCE_OFF, RESCALE_OFF
 from fv_ltx2.tiny import distilled_lora
 
 ASK = {"prompt": "a dog barking in the rain", "negative_prompt": "blurry", "num_inference_steps": 2}
-# both streams' attentions (self, text, audio<->video), feed-forwards, and top-level audio linears
+# both streams' attentions (self, text, audio<->video) and feed-forwards, the audio input and caption
+# projections, both time embeddings (the video one per token in i2av)
 AV_TARGETS = (
     "attn1.to_q", "attn2.to_k", "audio_to_video_attn.to_v", "video_to_audio_attn.to_out.0", "ff.net.0.proj",
     "audio_ff.net.2", "audio_proj_in", "audio_caption_projection.linear_1", "time_embed.linear",
-)  # fmt: skip  # time_embed.linear: both streams' (the video one per token in i2av)
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +56,19 @@ def lora_files(model, tmp_path_factory):
     av = {k.removeprefix("transformer."): v for k, v in random_lora(dit, AV_TARGETS, seed=1, std=0.2).items()}
     modules = sorted({k.rpartition(".lora_")[0] for k in av})
     LTX2Pipeline.save_lora_weights(
-        root / "av", av, transformer_lora_adapter_metadata={"r": 4, "lora_alpha": 8, "target_modules": modules}
+        root / "av",
+        av,
+        transformer_lora_adapter_metadata={"r": 4, "lora_alpha": 8, "target_modules": modules},
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(2)
         own = {k: v * 10 for k, v in distilled_lora(dit).items()}
     g = torch.Generator().manual_seed(3)
     for name, (fan_in, fan_out) in {
-        "diffusion_model.audio_patchify_proj": (dit.audio_proj_in.in_features, dit.audio_proj_in.out_features),
+        "diffusion_model.audio_patchify_proj": (
+            dit.audio_proj_in.in_features,
+            dit.audio_proj_in.out_features,
+        ),
         "diffusion_model.audio_adaln_single.linear": tuple(dit.audio_time_embed.linear.weight.shape[::-1]),
         "text_embedding_projection.aggregate_embed": tuple(
             model.instance.component("connectors").text_proj_in.weight.shape[::-1]
@@ -71,7 +78,9 @@ def lora_files(model, tmp_path_factory):
         own[f"{name}.lora_B.weight"] = torch.randn(fan_out, 4, generator=g) * 0.2
     save_file(own, root / "own.safetensors")
     encoder = model.instance.component("text_encoder")
-    te = random_lora(encoder, ("self_attn.q_proj", "self_attn.v_proj"), rank=2, seed=4, prefix="text_encoder", std=0.5)
+    te = random_lora(
+        encoder, ("self_attn.q_proj", "self_attn.v_proj"), rank=2, seed=4, prefix="text_encoder", std=0.5
+    )
     te = {k: v for k, v in te.items() if ".language_model." in k}
     save_file(te, root / "te.safetensors")
     return {"av": root / "av" / "pytorch_lora_weights.safetensors", "own": root / "own.safetensors",
@@ -100,7 +109,12 @@ def reference(model, pipe, loras: dict, scales: list[float], seed=5) -> tuple[to
         pipe.load_lora_weights(str(path), adapter_name=name)
     pipe.set_adapters(list(loras), scales)
     try:
-        return pipe(**call_args(p), generator=torch.Generator().manual_seed(seed), output_type="latent", return_dict=False)
+        return pipe(
+            **call_args(p),
+            generator=torch.Generator().manual_seed(seed),
+            output_type="latent",
+            return_dict=False,
+        )
     finally:
         pipe.unload_lora_weights()
 
@@ -122,9 +136,7 @@ def plain(model):
     return ours(model)
 
 
-@pytest.mark.parametrize(
-    "names,scales", [(["av"], [0.8]), (["own"], [1.0]), (["av", "own"], [0.7, -0.5])]
-)
+@pytest.mark.parametrize("names,scales", [(["av"], [0.8]), (["own"], [1.0]), (["av", "own"], [0.7, -0.5])])
 def test_c1_adapters_match_diffusers_set_adapters(model, plane, pipe, lora_files, plain, names, scales):
     video, audio = ours(model, list(zip(names, scales, strict=True)))
     ref_video, ref_audio = reference(model, pipe, {n: lora_files[n] for n in names}, scales)
@@ -141,11 +153,18 @@ def test_a_gemma_lora_matches_peft_on_diffusers_text_encoder(model, plane, pipe,
 
     state = {k.removeprefix("text_encoder."): v for k, v in load_file(lora_files["te"]).items()}
     names = sorted({k.rpartition(".lora_")[0] for k in state})
-    inject_adapter_in_model(LoraConfig(r=2, lora_alpha=2, target_modules=names), pipe.text_encoder, adapter_name="te")
+    inject_adapter_in_model(
+        LoraConfig(r=2, lora_alpha=2, target_modules=names), pipe.text_encoder, adapter_name="te"
+    )
     set_peft_model_state_dict(pipe.text_encoder, state, "te")
     try:
         p = model.prepare({**ASK, "seed": 5}).params.model_dump()
-        ref = pipe(**call_args(p), generator=torch.Generator().manual_seed(5), output_type="latent", return_dict=False)
+        ref = pipe(
+            **call_args(p),
+            generator=torch.Generator().manual_seed(5),
+            output_type="latent",
+            return_dict=False,
+        )
     finally:
         for module in pipe.text_encoder.modules():  # back to the plain encoder for the other tests
             if isinstance(module, BaseTunerLayer):
@@ -171,12 +190,12 @@ def test_c1_image_to_video_with_an_adapter(model, plane, lora_files, ltx_path):
     pipe.set_progress_bar_config(disable=True)
     pipe.load_lora_weights(str(lora_files["av"]), adapter_name="av")
     pipe.set_adapters(["av"], [0.8])
-    video, audio = pipe(image=Image.fromarray(pixels), **call_args(request.params.model_dump()), image_crf=request.params.image_crf,
-                        generator=torch.Generator().manual_seed(5), output_type="latent", return_dict=False)  # fmt: skip
+    args = dict(image=Image.fromarray(pixels), **call_args(request.params.model_dump()),
+                image_crf=request.params.image_crf, output_type="latent", return_dict=False)  # fmt: skip
+    video, audio = pipe(**args, generator=torch.Generator().manual_seed(5))
     assert gap(got["latents"], video) <= 1e-5 and gap(got["audio_latents"], audio) <= 1e-5
     pipe.disable_lora()
-    base = pipe(image=Image.fromarray(pixels), **call_args(request.params.model_dump()), image_crf=request.params.image_crf,
-                generator=torch.Generator().manual_seed(5), output_type="latent", return_dict=False)  # fmt: skip
+    base = pipe(**args, generator=torch.Generator().manual_seed(5))
     assert gap(got["latents"], base[0]) > 1e-3, "the adapter changes the image-conditioned video"
 
 
@@ -196,7 +215,8 @@ def test_different_adapters_share_one_batched_call_and_equal_their_solo_runs(mod
 
     def items():
         return [
-            model.job(model.prepare({**ASK, "seed": i}, request_id=f"a{i}", adapters=a)) for i, a in enumerate(asks)
+            model.job(model.prepare({**ASK, "seed": i}, request_id=f"a{i}", adapters=a))
+            for i, a in enumerate(asks)
         ]
 
     def engine():  # fair: every compatible step batched
@@ -216,7 +236,11 @@ def test_cached_requests_with_different_adapters_batch_and_equal_their_solo_cach
     def items():
         asks = [[("av", 0.8)], [], [("own", 1.0)]]
         return [
-            model.job(model.prepare({**ASK, "num_inference_steps": 4, "seed": i + 1}, request_id=f"c{i}", adapters=a))
+            model.job(
+                model.prepare(
+                    {**ASK, "num_inference_steps": 4, "seed": i + 1}, request_id=f"c{i}", adapters=a
+                )
+            )
             for i, a in enumerate(asks)
         ]
 
@@ -307,9 +331,10 @@ def test_a_wan_lora_is_refused_clearly(model, plane, tmp_path):
     with pytest.raises(ConfigError, match=r"in a layout this model's LoRA loader does not convert .*another model "
                        r"family.*Fix: use a LoRA made for this model"):  # fmt: skip
         plane.add("wan", tmp_path / "wan.safetensors")
-    ours_wan = {"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.zeros(4, 32)}  # diffusers' Wan layout
-    ours_wan["transformer.blocks.0.attn1.to_q.lora_B.weight"] = torch.zeros(32, 4)
-    save_file(ours_wan, tmp_path / "wan_diffusers.safetensors")
+    # diffusers' Wan keys
+    wan_diffusers = {"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.zeros(4, 32)}
+    wan_diffusers["transformer.blocks.0.attn1.to_q.lora_B.weight"] = torch.zeros(32, 4)
+    save_file(wan_diffusers, tmp_path / "wan_diffusers.safetensors")
     with pytest.raises(ConfigError, match=r"does not fit 'ltx2-tiny'.*transformer.blocks.0.attn1.to_q: no such "
                        r"linear layer.*Fix: use a LoRA trained for this model"):  # fmt: skip
         plane.add("wan", tmp_path / "wan_diffusers.safetensors")
