@@ -247,7 +247,8 @@ def ltx2_tiny() -> ModelCard:
 def ltx2_dev() -> ModelCard:
     return ltx2_card(
         "ltx-2",
-        "LTX-2 joint audio+video, base (dev) weights (Lightricks/LTX-2 diffusers layout; pass --weights).",
+        "LTX-2 joint audio+video, base (dev) weights (Lightricks/LTX-2 diffusers layout, fetched by its Hugging "
+        "Face id).",
         BASE_RECIPE,
         StepCostModel(base_s=0.05, per_token_s=4e-5, peak_bytes_per_token=150_000),
         defaults={},
