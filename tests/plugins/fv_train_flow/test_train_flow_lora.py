@@ -12,8 +12,9 @@ from safetensors import safe_open
 from train_flow_support import flow_config
 
 from fv_core import ConfigError, load
-from fv_core.adapters import read_lora
+from fv_core.adapters import adapter_rows, read_lora
 from fv_core.training import Role, train, validate
+from fv_train_flow import shapes
 from fv_train_flow.method import LORA, FlowMethod
 
 RANK, ALPHA = 4, 16.0
@@ -143,3 +144,29 @@ def test_lora_refuses_a_trained_text_encoder_and_unknown_targets(vae_dir, tmp_pa
         FlowMethod(validate(lora_config(tmp_path / "a", vae_dir, train_text_encoder=True)))
     with pytest.raises(ConfigError, match=r"lora_targets=\['to_qq'\] match no linear layer"):
         FlowMethod(validate(lora_config(tmp_path / "b", vae_dir, lora_targets=["to_qq"])))
+
+
+def test_the_training_forward_is_the_served_forward_bit_for_bit(lora_run, tmp_path):
+    """The student's velocity under the train profile equals, bit for bit, the serve profile's with the
+    student's exported file registered as a served adapter and named by the row."""
+    method, _, _ = lora_run
+    student, plane = method.roles[Role.STUDENT][LORA], method.adapter.model.instance.adapters
+    student.save(tmp_path, method.adapter.model.card.adapters.loader)
+    plane.add("exported-student", tmp_path)
+    uses = plane.uses(["exported-student"])
+    plane.hold("test", uses, {})
+    x0 = method.latents(shapes.batch(5, 0, 2)[0])
+    sigma = torch.tensor([0.3, 0.7])
+    x = (1 - sigma.view(-1, 1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1, 1) * torch.randn_like(x0)
+    embeds = method.adapter.conditioning(["a red circle moving left", "a blue square moving up"])
+    transformer = method.adapter.module("transformer")
+    with student.applied():
+        trained = method.adapter.velocity(transformer, x, sigma, embeds, train=True)
+    try:
+        with adapter_rows((uses, uses)):
+            served = method.adapter.velocity(transformer, x, sigma, embeds, train=False)
+    finally:
+        plane.release("test")
+        plane.remove("exported-student")
+    assert trained.requires_grad and not served.requires_grad
+    assert torch.equal(trained.detach(), served)

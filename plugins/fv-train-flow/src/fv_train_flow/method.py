@@ -74,7 +74,7 @@ class FlowMethod:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg, self.opts = cfg, validate_options(FlowOptions, cfg.options, "flow")
         torch.manual_seed(cfg.seed)
-        folder = self.opts.init_weights or self.fresh_checkpoint()
+        folder = self.base = self.opts.init_weights or self.fresh_checkpoint()
         model = fv_core.load(weights=folder)  # the card from the folder's own configs
         self.adapter = train_adapter(model, max_sequence_length=self.opts.max_sequence_length)
         self.roles: dict[Role, dict[str, torch.nn.Module]] = {}
@@ -109,7 +109,6 @@ class FlowMethod:
         ema.attach(plane, "training-ema")
         self.roles[Role.STUDENT] = {**base, LORA: student}
         self.roles[Role.EMA] = {**base, LORA: ema}
-        self.base = folder
 
     def fresh_checkpoint(self) -> Path:
         """``<output_dir>/init``: freshly initialised transformer and text encoder (from ``seed``,
