@@ -131,18 +131,27 @@ def lora_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> tor
     # gradient flows through the output or into a pair (training, fv_core.adapters.TrainableLora)
     trains = any(table[u.key].down.requires_grad or table[u.key].up.requires_grad for u in groups)
     out = output.clone() if torch.is_grad_enabled() and (output.requires_grad or trains) else output
+    if all(len(members) == len(rows) for members in groups.values()):
+        # every row runs the same adapters (a request alone): exactly PEFT's order, scale then add
+        for use in groups:
+            out += _delta(x, table[use.key]) * (table[use.key].scale * use.scale)
+        return out
     for use, members in groups.items():
         pair = table[use.key]
         scale = pair.scale * use.scale
         first, last = members[0], members[-1] + 1
-        if last - first == len(members):  # a plan's rows are contiguous: views, no gather
+        if last - first == len(members) and out.is_contiguous():  # a plan's rows are contiguous: views
             part = slice(first * repeat, last * repeat)
-            out[part] += _delta(x[part], pair) * scale
+            hidden = F.linear(x[part].to(pair.down.dtype), pair.down)
+            # the up projection, its scale and the sum in one GEMM (C += s A B) on the rows' own output
+            out[part].view(-1, out.shape[-1]).addmm_(
+                hidden.view(-1, hidden.shape[-1]).to(out.dtype), pair.up.t().to(out.dtype), alpha=scale
+            )
             continue
         index = torch.tensor(members, device=x.device)
         if repeat > 1:
             index = (index[:, None] * repeat + torch.arange(repeat, device=x.device)).flatten()
-        out.index_add_(0, index, _delta(x.index_select(0, index), pair) * scale)  # as a row alone adds it
+        out.index_add_(0, index, _delta(x.index_select(0, index), pair) * scale)
     return out
 
 
