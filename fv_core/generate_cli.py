@@ -81,6 +81,14 @@ def _add_run_flags(gen: argparse.ArgumentParser) -> None:
         "THRESHOLD its residual_diff_threshold, e.g. fbcache:0.1 (other options: a deploy file's plugin_options)",
     )
     gen.add_argument(
+        "--lora",
+        metavar="PATH[:SCALE]",
+        action="append",
+        type=parse_lora,
+        help="run with this LoRA (a .safetensors file or folder: diffusers', PEFT's or the family's own "
+        "format) at SCALE (default 1); repeat it to combine LoRAs",
+    )
+    gen.add_argument(
         "--parallel",
         metavar="PLAN",
         help="run on a group of processes, e.g. sp=2,cfg=2 (sequence-parallel x CFG-parallel; "
@@ -118,11 +126,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.size:
         raw["width"], raw["height"] = args.size
     name, weights, task, options = args.model, args.weights, args.task, None
+    loras = []
     deploy = load_deploy(args.deploy) if args.deploy else None
     if args.replay:
         plan = replay_plan(host, args.replay)
         name, weights, deploy, task = plan.model, plan.weights, plan.deploy, task or plan.task
         raw, options = {**plan.params, **{k: v for k, v in raw.items() if v is not None}}, plan.plugin_options
+        loras = [(a["path"], a["scale"], a.get("into")) for a in plan.adapters]  # the files it ran, again
     if name is None and weights is None and deploy is None:
         raise ConfigError(
             "nothing to load. Fix: pass --model CARD, --weights DIR|OWNER/NAME, --deploy FILE or --replay FILE."
@@ -138,7 +148,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         disable_progress_bars()
     model = load(name, weights, deploy=deploy, device=args.device, host=host, parallel=args.parallel)
     try:
-        return _generate(args, model, raw, task, options)
+        adapters = add_adapters(model, [*loras, *((path, scale, None) for path, scale in args.lora or ())])
+        return _generate(args, model, raw, task, options, adapters)
     finally:
         model.close()
 
@@ -198,7 +209,34 @@ def with_cache(
     return deploy
 
 
-def _generate(args: argparse.Namespace, model: Any, raw: dict, task: str | None, options: Any) -> int:
+def parse_lora(text: str) -> tuple[str, float]:
+    """``"style.safetensors:0.8"`` -> ("style.safetensors", 0.8); no ``:SCALE``: scale 1."""
+    path, _, scale = text.rpartition(":") if ":" in text else (text, "", "1")
+    try:
+        return path, float(scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--lora {text!r}: SCALE {scale!r} is not a number. Fix: PATH or PATH:SCALE, e.g. style.safetensors:0.8"
+        ) from None
+
+
+def add_adapters(model: Any, loras: list[tuple[str, float, Any]]) -> list[tuple[str, float]]:
+    """Serve each ``(path, scale, into)`` on ``model`` by its file's name; the request's adapters."""
+    if loras and getattr(model.instance, "adapters", None) is None:
+        raise ConfigError(
+            f"--lora: {model.card.model_id!r} takes no LoRA adapters. Fix: drop --lora, or use a Wan or LTX-2 model."
+        )
+    names = []
+    for i, (path, scale, into) in enumerate(loras):
+        name = f"{Path(path).stem}-{i}"
+        model.instance.adapters.add(name, path, into=into)
+        names.append((name, scale))
+    return names
+
+
+def _generate(
+    args: argparse.Namespace, model: Any, raw: dict, task: str | None, options: Any, adapters: list
+) -> int:
     from fv_core.artifacts import SUFFIXES, AudioArtifact, ImageArtifact, write_provenance
     from fv_core.progress import RunProgress, files_line
     from fv_core.request.parts import image_part
@@ -225,7 +263,13 @@ def _generate(args: argparse.Namespace, model: Any, raw: dict, task: str | None,
 
     try:
         artifact = model.generate(
-            task=task, parts=parts, plugin_options=options, on_event=shown.event, on_partial=frames, **raw
+            task=task,
+            parts=parts,
+            plugin_options=options,
+            on_event=shown.event,
+            on_partial=frames,
+            adapters=adapters,
+            **raw,
         )
     finally:
         shown.close()

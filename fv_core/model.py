@@ -203,6 +203,11 @@ class LoadedModel:
             )
         return plane.uses(asked)
 
+    def _adapter_record(self, use: Any) -> dict[str, Any]:
+        """An adapter a request ran, for its provenance (the file, so a replay can load it again)."""
+        entry = self.instance.adapters.known(use.key)
+        return {"name": use.name, "version": use.version, "scale": use.scale, "path": entry.path, "into": dict(entry.into)}
+
     def _check_parts(self, task: str, loop: LoopSpec, parts: tuple[Part, ...]) -> None:
         """The loop takes only the kinds it ``accepts``, and each kind it ``requires`` exactly once."""
         refused = [p.kind for p in parts if p.kind not in loop.accepts]
@@ -373,7 +378,7 @@ class LoadedModel:
             "weights_hash": dict(
                 result.metrics.get("weights_versions") or getattr(self.instance, "weights_versions", {})
             ),
-            "adapters": [{"name": u.name, "version": u.version, "scale": u.scale} for u in request.adapters],
+            "adapters": [self._adapter_record(u) for u in request.adapters],
             "kernels": result.metrics.get("kernels", self.kernels),
             "interceptors": list(self.interceptor_names),
             # the options the deployment and the request set (the rest are each plugin's own defaults)

@@ -29,6 +29,7 @@ class ReplayPlan:
     params: dict[str, Any]  # every resolved param
     plugin_options: dict[str, dict[str, Any]]  # options to ask for (empty when the deploy holds them)
     deploy: DeploymentCard | None  # kernels, interceptors and options that ran (None: a folder's card)
+    adapters: tuple[dict[str, Any], ...] = ()  # the LoRA adapters it ran: name, path, scale (and version)
 
 
 def replay_plan(host: PluginHost, path: str | Path) -> ReplayPlan:
@@ -48,8 +49,9 @@ def replay_plan(host: PluginHost, path: str | Path) -> ReplayPlan:
         )
     options = prov.get("plugin_options") or {}
     ran = prov.get("deploy") or {}
+    adapters = tuple(prov.get("adapters") or ())
     if model not in host.registries.cards:  # a card built from a folder runs its default kernels
-        return ReplayPlan(model, weights, task, params, options, None)
+        return ReplayPlan(model, weights, task, params, options, None, adapters)
     deploy = one_model_deploy(
         host,
         model,
@@ -60,7 +62,7 @@ def replay_plan(host: PluginHost, path: str | Path) -> ReplayPlan:
         ran.get("limits"),
         ran.get("precision"),
     )
-    return ReplayPlan(model, weights, task, params, {}, deploy)
+    return ReplayPlan(model, weights, task, params, {}, deploy, adapters)
 
 
 def one_model_deploy(

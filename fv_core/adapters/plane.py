@@ -141,6 +141,10 @@ class AdapterPlane:
                 self._evict(f"{name}@{entry.version}")
             return entry is not None
 
+    def known(self, key: str) -> AdapterEntry:
+        """The entry of an adapter version a request named (removed or replaced ones included)."""
+        return self._known[key]
+
     def describe(self) -> list[dict[str, Any]]:
         return [e.describe() for e in self.entries.values()]
 
