@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from fv_core.adapters.files import PICKLES
 from fv_core.card.assemble import assemble_card, interceptor_kind
 from fv_core.deploy.card import DeploymentCard, ModelDeploy
 from fv_core.errors import ConfigError, WeightsError, explain
@@ -72,6 +73,7 @@ def _check_model(
                 f"{sorted(card.capabilities.interceptors) or 'none'}. Fix: remove {name!r} from this model."
             )
     check_precision(card, model.precision, f"{where}.precision")
+    _check_adapters(card, model, where)
     # the folder, as load will check it: layout, no pickles, configs vs card (a repo id's, once fetched)
     if model.weights is not None and not is_repo_id(model.weights):
         folder = Path(model.weights).expanduser()
@@ -80,6 +82,22 @@ def _check_model(
             refuse_pickles(folder)
         except WeightsError as exc:
             raise WeightsError(f"{where}.weights: {exc}") from None
+
+
+def _check_adapters(card: Any, model: ModelDeploy, where: str) -> None:
+    """Adapters on a card that takes them, each a LoRA file or folder that exists, safetensors only (load
+    reads and checks their modules against the model)."""
+    if model.adapters and card.adapters is None:
+        raise ConfigError(
+            f"{where}.adapters: card {card.model_id!r} takes no LoRA adapters. Fix: drop adapters from this model."
+        )
+    for name, spec in model.adapters.items():
+        path = Path(spec if isinstance(spec, str) else spec.path).expanduser()
+        if path.suffix in PICKLES or not path.exists():
+            problem = "is a pickle file (fv reads safetensors only)" if path.exists() else "does not exist"
+            raise ConfigError(
+                f"{where}.adapters.{name}: {str(path)!r} {problem}. Fix: give a LoRA .safetensors file or folder."
+            )
 
 
 def _check_checkpoint(host: PluginHost, model: ModelDeploy, where: str, enabled: set[str]) -> None:

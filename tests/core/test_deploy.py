@@ -91,13 +91,24 @@ def test_schema_errors_name_field_value_and_fix(data, message):
             {"plugin_options": {"fv-cache-dit": {"threshold": 1}}},
             "options name 'fv-cache-dit', which this deployment does not enable",
         ),
+        (
+            {"models": [{"card": CARD, "adapters": {"style": "/nowhere/style.safetensors"}}]},
+            r"models\[0\]\.adapters\.style: '/nowhere/style.safetensors' does not exist\. Fix: give a LoRA",
+        ),
+        (
+            {"models": [{"card": CARD, "adapters": {"style": {"path": __file__, "scale": 0.5}}}]},
+            None,  # an existing file passes validate (load reads and checks its modules)
+        ),
     ],
 )
 def test_deploy_problems(example_host, changes, message):
     import re
 
     problems = check_deploy(with_changes(**changes), example_host)
-    assert any(re.search(message, p) for p in problems), problems
+    if message is None:
+        assert problems == []
+    else:
+        assert any(re.search(message, p) for p in problems), problems
 
 
 def test_card_rejecting_an_interceptor_kind(example_host):
