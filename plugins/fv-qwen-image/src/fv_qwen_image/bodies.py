@@ -1,0 +1,72 @@
+"""Qwen-Image's step bodies: pure functions of their inputs over shared weights, so the runtime may
+batch equal-keyed plans of different requests.
+
+``encode_body`` (Qwen2.5-VL's last hidden states, the template's tokens dropped), ``denoise_body``
+(one flow velocity, or one per true-CFG branch) and ``decode_body`` (the VAE).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fv_core.extend import BLOCKS_INPUT
+from fv_qwen_image.transformer import qwen_forward
+
+# the prompt template diffusers' QwenImagePipeline wraps every prompt in, and how many of its leading
+# tokens it drops from the encoder's output (prompt_template_encode, prompt_template_encode_start_idx)
+TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+    "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+DROP = 34
+
+
+def encode_body(text_encoder, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The language model's last hidden states of the templated prompts (rows of one length, no
+    padding), without the template's first ``DROP`` tokens: ``embeds`` [B, tokens - DROP, dim]."""
+    ids = inputs["input_ids"].to(text_encoder.device)
+    mask = torch.ones_like(ids)
+    out = text_encoder.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    return {"embeds": out.hidden_states[-1][:, DROP:]}
+
+
+def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Flow velocity of packed ``latents`` [B, tokens, C] at ``timestep`` [B] (0..1) under ``text``;
+    with ``neg_text``, one forward per true-CFG branch. ``inputs[BLOCKS_INPUT]``: the request's block
+    hook when a block interceptor is on (else None)."""
+    latents, t, grid, hook = inputs["latents"], inputs["timestep"], inputs["grid"], inputs.get(BLOCKS_INPUT)
+
+    def forward(text: str, branch: str) -> torch.Tensor:
+        return qwen_forward(transformer, latents, t, inputs[text], grid, hook=hook, branch=branch)
+
+    if "neg_text" in inputs:
+        return {"cond": forward("text", "cond"), "uncond": forward("neg_text", "uncond")}
+    return {"velocity": forward("text", "main")}
+
+
+def unpack(latents: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Packed latents [B, (h/2)(w/2), 4C] to the VAE's [B, C, 1, h, w] (h, w: latent rows, columns)."""
+    b, _, channels = latents.shape
+    x = latents.view(b, height // 2, width // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, channels // 4, 1, height, width)
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """[B, 1, C, h, w] noise to the transformer's packed [B, (h/2)(w/2), 4C] (2x2 patches)."""
+    b, _, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def decode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Unpack, un-normalise with the VAE's latent statistics, decode, map to ``frames`` [B, 1, H, W, 3]
+    in 0..1 (``size``: the latent rows and columns)."""
+    z = unpack(inputs["latents"], *inputs["size"]).to(vae.dtype)
+    c = vae.config
+    mean = torch.tensor(c.latents_mean).view(1, c.z_dim, 1, 1, 1).to(z.device, z.dtype)
+    inv_std = 1.0 / torch.tensor(c.latents_std).view(1, c.z_dim, 1, 1, 1).to(z.device, z.dtype)
+    image = vae.decode(z / inv_std + mean, return_dict=False)[0][:, :, 0]
+    return {"frames": (image * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().unsqueeze(1)}
