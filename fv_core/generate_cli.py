@@ -120,6 +120,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from fv_core.load import load
     from fv_core.providers import check_provided
     from fv_core.replay import replay_plan, with_kernels
+    from fv_core.workflow.run import LoadedWorkflow
 
     host = args.host
     raw = {name: getattr(args, name) for name in args.param_names}
@@ -147,6 +148,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
         disable_progress_bars()
     model = load(name, weights, deploy=deploy, device=args.device, host=host, parallel=args.parallel)
+    if isinstance(model, LoadedWorkflow):
+        try:
+            return _generate_workflow(args, model, raw)
+        finally:
+            model.close()
     try:
         adapters = add_adapters(model, [*loras, *((path, scale, None) for path, scale in args.lora or ())])
         return _generate(args, model, raw, task, options, adapters)
@@ -232,6 +238,28 @@ def add_adapters(model: Any, loras: list[tuple[str, float, Any]]) -> list[tuple[
         model.instance.adapters.add(name, path, into=into)
         names.append((name, scale))
     return names
+
+
+def _generate_workflow(args: argparse.Namespace, flow: Any, raw: dict) -> int:
+    """A deploy file's workflow: its params from the flags, its last stage's artifact written (with
+    ``keep: all``, every stage's beside it as ``NAME.STAGE.EXT``) with the nested provenance."""
+    from fv_core.progress import files_line
+
+    given = {k: v for k, v in raw.items() if v is not None}
+    extra = sorted(set(given) - set(flow.spec.params))
+    if extra:
+        raise ConfigError(
+            f"workflow {flow.workflow_id!r} takes the params {sorted(flow.spec.params)}; got {extra} too. "
+            "Fix: drop them (stage params are set in the deploy file's workflow)."
+        )
+    artifact = flow.generate(**given)
+    output = Path(args.output or DEFAULT_OUTPUT["video" if hasattr(artifact, "frames") else "image"])
+    written = [artifact.save(output)]  # its provenance beside it
+    written.append(written[0].with_suffix(".json"))
+    for stage, kept in getattr(artifact, "stages", {}).items():
+        written.append(kept.save(output.with_suffix(f".{stage}{output.suffix if hasattr(kept, 'frames') else '.png'}")))
+    print(files_line(written, artifact.provenance["seconds"]))
+    return 0
 
 
 def _generate(

@@ -29,6 +29,7 @@ from fv_core.parallel.plan import ParallelPlan
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost, dist_version, load_plugins
 from fv_core.registry import resolve_lazy
 from fv_core.weights import bind_card, family, model_index
+from fv_core.workflow.run import LoadedWorkflow
 
 # op -> (implementation, provenance record), as ``select_kernel`` returns them
 Kernels = dict[str, tuple[Any, dict[str, Any]]]
@@ -65,6 +66,8 @@ def load(
         problems = check_deploy(plan, host, device)
         if problems:
             raise ConfigError("the deployment is invalid:\n" + "\n".join(f"  - {p}" for p in problems))
+        if model is not None and str(model) in plan.workflows:
+            return load_workflow(plan, str(model), host, device)
     entry = _entry(plan, model) if plan is not None else None
     name = entry.card if entry is not None else str(model if model is not None else weights)
     weights = weights if weights is not None else (entry.weights if entry is not None else None)
@@ -129,6 +132,25 @@ def _worker_spec(
     )
     name = entry.served_name if entry is not None else (str(model) if model is not None else None)
     return WorkerSpec(name, str(weights) if weights is not None else None, deploy, device, plugins)
+
+
+def load_workflow(
+    plan: DeploymentCard, workflow_id: str, host: PluginHost, device: str, loaded: dict | None = None
+) -> LoadedWorkflow:
+    """The deploy file's workflow ``workflow_id`` with every model it runs loaded once (nested workflows
+    share them) and the rewards its stages select with."""
+    loaded = {} if loaded is None else loaded
+    spec = plan.workflows[workflow_id]
+    for stage in spec.stages:
+        if stage.model not in loaded:
+            loaded[stage.model] = (
+                load_workflow(plan, stage.model, host, device, loaded)
+                if stage.model in plan.workflows
+                else load(stage.model, deploy=plan, device=device, host=host)
+            )
+    rewards = {s.select: host.registries.rewards.get(s.select)() for s in spec.stages if s.select is not None}
+    models = {s.model: loaded[s.model] for s in spec.stages}
+    return LoadedWorkflow(workflow_id, spec, models, rewards, plan.model_dump(mode="json"))
 
 
 def _entry(plan: DeploymentCard, model: str | Path | None) -> ModelDeploy:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fv_core.deploy.card import DeploymentCard, Limits, ModelDeploy
+from fv_core.deploy.card import DeploymentCard, Limits, ModelDeploy, parse_deploy
 from fv_core.errors import ConfigError
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
 
@@ -36,6 +36,8 @@ def replay_plan(host: PluginHost, path: str | Path) -> ReplayPlan:
     """The load and the request recorded in the provenance file ``path``."""
     try:
         prov = json.loads(Path(path).read_text())
+        if "workflow" in prov:  # a workflow: its deploy file and params, recorded whole
+            return ReplayPlan(prov["workflow"], "", "", prov["params"], {}, parse_deploy(prov["deploy"]))
         model, weights, task, params = prov["model"], prov["weights"], prov["task"], prov["params"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ConfigError(

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fv_core.errors import ConfigError, explain
+from fv_core.workflow.spec import WorkflowSpec
 
 
 class Strict(BaseModel):
@@ -97,6 +98,7 @@ class DeploymentCard(Strict):
     limits: Limits | None = Field(default_factory=Limits)  # None: no per-request caps (a replay's own plan)
     retention: Retention = Field(default_factory=Retention)
     scheduling: Scheduling = Field(default_factory=Scheduling)
+    workflows: dict[str, WorkflowSpec] = Field(default_factory=dict)  # id -> stages over the served models
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # plugin -> options
     data_dir: str | None = None  # jobs database and artifacts; None: $FV_DATA_DIR or the user's data dir
     # "bitwise": a seeded request's output never depends on what else is running (steps are not batched

@@ -18,6 +18,7 @@ from fv_core.plugins import BUILTIN_PLUGIN, PluginHost
 from fv_core.providers import check_provided
 from fv_core.registry import lookup_kernel
 from fv_core.weights import bind_card, refuse_pickles
+from fv_core.workflow.check import check_workflow
 
 
 def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") -> list[str]:
@@ -42,7 +43,21 @@ def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") 
     names = [m.served_name for m in deploy.models]
     if len(set(names)) != len(names):
         problems.append(f"models: served names {names} repeat. Fix: give each model a unique 'name'.")
+    for workflow_id in deploy.workflows:
+        if workflow_id in names:
+            problems.append(f"workflows.{workflow_id}: a served model has that name. Fix: rename the workflow.")
+        attempt(check_workflow, workflow_id, deploy.workflows, _card_of(deploy, host), set(map(str, host.registries.rewards)))
     return problems
+
+
+def _card_of(deploy: DeploymentCard, host: PluginHost) -> Any:
+    """Served name -> the card it runs (KeyError: not served)."""
+
+    def card_of(name: str) -> Any:
+        entry = {m.served_name: m for m in deploy.models}[name]
+        return assemble_card(host.registries, entry.card)
+
+    return card_of
 
 
 def _check_model(
