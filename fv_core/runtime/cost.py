@@ -120,6 +120,12 @@ class CostModel:
         """Calibrated predicted seconds of a filled plan."""
         return plan.cost_s * self.ratio(calibration_key(state, plan))
 
+    def solo_s(self, state: LoopState, plan: WorkPlan) -> float:
+        """Predicted seconds of a filled plan run alone: its batch curve's where measured (the seconds the
+        scheduler's clock counts), else the calibrated prediction."""
+        measured = self.batch_cost(curve_key(state, plan), plan.batch_size)
+        return self.predict(state, plan) if measured is None else measured
+
     def observe(self, state: LoopState, plan: WorkPlan, actual_s: float) -> None:
         """Fold one measured step time into the EMA of its key."""
         if plan.cost_s <= 0:

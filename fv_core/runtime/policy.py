@@ -72,7 +72,7 @@ class Candidate:
     entry: Any  # the scheduler's Entry
     key: Hashable | None  # batch curve key of its plan (None: never batched)
     rows: int  # rows its plan adds to a call
-    step_s: float  # predicted seconds of its next step alone
+    step_s: float  # predicted seconds of its next step alone (CostModel.solo_s)
     remaining_s: float  # predicted seconds of all its remaining work alone
     due: float  # scheduler clock at which it becomes late (see the module docstring)
     seq: int  # submit order (tie-break)
@@ -113,19 +113,13 @@ def pick_auto(
     if not curve.batched() or curve.alone_since_batch >= policy.probe_every:
         return [lead, peers[0]], "probe"
     call, best = [lead], [lead]
-    rows, apart = lead.rows, solo_cost(cost, lead)
+    rows, apart = lead.rows, lead.step_s
     for peer in peers:
         if rows + peer.rows > max_rows:
             break
         call.append(peer)
-        rows, apart = rows + peer.rows, apart + solo_cost(cost, peer)
+        rows, apart = rows + peer.rows, apart + peer.step_s
         batched = cost.batch_cost(lead.key, rows)
         if batched is not None and batched <= (1 - policy.margin) * apart:
             best = list(call)
     return best, "batch" if len(best) > 1 else "alone"
-
-
-def solo_cost(cost: CostModel, cand: Candidate) -> float:
-    """Predicted seconds of a candidate's step alone: its batch curve's, else its plan's calibrated cost."""
-    measured = cost.batch_cost(cand.key, cand.rows)
-    return cand.step_s if measured is None else measured

@@ -339,8 +339,9 @@ class Scheduler:
     def _candidate(self, entry: Entry) -> Candidate:
         state, plan, policy = entry.active_loop.state, entry.pending, self.config.policy
         assert isinstance(plan, WorkPlan), "a candidate has a pending WorkPlan"
-        step_s = self.cost.predict(state, plan)
-        left = max(self._remaining(entry), step_s)  # at least its next step (an estimate may omit it)
+        step_s, predicted = self.cost.solo_s(state, plan), self.cost.predict(state, plan)
+        scale = step_s / predicted if predicted > 0 else 1.0  # the estimate in the clock's currency
+        left = max(self._remaining(entry) * scale, step_s)  # at least its next step (an estimate may omit it)
         due = policy.due(entry.arrived, entry.served_s + left, left, entry.started)  # solo: done + left
         return Candidate(entry, curve_key(state, plan), plan.batch_size, step_s, left, due, entry.seq)
 
@@ -361,7 +362,7 @@ class Scheduler:
             assert isinstance(plan, WorkPlan), "a scheduled entry has a pending WorkPlan"
             assert entry.reservation is not None, "a scheduled entry is running, hence reserved"
             self.admission.consume(entry.reservation, plan.cost_s * entry.ratio)
-            entry.served_s += self.cost.predict(entry.active_loop.state, plan)
+            entry.served_s += self.cost.solo_s(entry.active_loop.state, plan)
             events = self.runner.complete(entry.active_loop, plan, res)
         except Exception as exc:
             self._fail(entry, exc)

@@ -207,3 +207,47 @@ def test_metrics_export_the_policy_predicted_vs_measured_cost_and_decisions(mode
     acc = engine.cost.accuracy()
     assert f"fv_step_cost_predicted_seconds_total {acc['predicted_s']!r}" in text
     assert f"fv_step_cost_measured_seconds_total {acc['measured_s']!r}" in text and acc["measured_s"] > 0
+
+
+class Unbatchable:
+    """A loop whose plans carry no batch key: no batch curve is measured, so decisions use predictions only."""
+
+    def __init__(self, loop) -> None:
+        self.loop, self.loop_id = loop, loop.loop_id
+        self.init, self.advance, self.finalize = loop.init, loop.advance, loop.finalize
+        if hasattr(loop, "estimate"):
+            self.estimate = loop.estimate
+
+    def next(self, state):
+        plan = self.loop.next(state)
+        if isinstance(plan, WorkPlan):
+            plan.batch_key = None
+        return plan
+
+
+def serve_two_families(
+    policy: SchedulingPolicy, model, denoise, decode, ticks: int = 120
+) -> dict[str, float]:
+    """One 8-step denoise request (8 ms predicted) amid a 4-token AR request (2 ms) every 4 ticks, on one
+    engine; the clock at each request's end."""
+    denoise, decode = Unbatchable(denoise), Unbatchable(decode)
+    done: dict[str, float] = {}
+    sched = Scheduler(
+        LoopContext(), AdmissionController(Budget()), CostModel(), SchedulerConfig(policy=policy)
+    )
+    sched.on_event = lambda e: e.kind == "done" and done.setdefault(e.request_id, sched.clock)
+    sched.submit(denoise, Request("video", params={"steps": 8}), model)
+    for i in range(ticks):
+        if i % 4 == 0:
+            sched.submit(decode, Request(f"chat{i}", params={"max_tokens": 4, "temperature": 0.0}), model)
+        sched.step()
+    return done
+
+
+def test_one_family_does_not_starve_another_on_a_mixed_engine(model, denoise, decode):
+    solo = 8 * denoise.step_cost_s
+    done = serve_two_families(SchedulingPolicy("auto", max_wait_factor=3.0), model, denoise, decode)
+    assert done["video"] <= 3 * solo + denoise.step_cost_s  # AR and denoise steps priced in one currency
+    assert sum(k.startswith("chat") for k in done) >= 25  # and the chats kept being served
+    starved = serve_two_families(SchedulingPolicy("auto", max_wait_factor=1000.0), model, denoise, decode)
+    assert "video" not in starved
