@@ -14,8 +14,9 @@
   probed with two rows, and re-probed after ``probe_every`` calls alone, so the curve is measured,
   never assumed.
 
-Ages are counted on the scheduler's clock: the predicted seconds of the calls it ran, so a decision
-depends on the cost model only, never on wall time.
+Ages, remaining work and solo times are counted in one currency, the scheduler's clock: the predicted
+seconds of the calls it ran (a batch curve's where measured, else the calibrated plans), so a decision
+depends on the cost model's predictions only, never on the wall time of the tick it is made in.
 """
 
 from __future__ import annotations
