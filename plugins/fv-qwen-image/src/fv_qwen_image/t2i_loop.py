@@ -56,6 +56,13 @@ def schedule(config: dict[str, Any], steps: int, tokens: int) -> tuple[torch.Ten
             "the checkpoint's scheduler sets stochastic_sampling=true; fv's Qwen-Image loop runs the "
             "deterministic Euler step. Fix: set stochastic_sampling to false in scheduler_config.json."
         )
+    if steps == 1 and config.get("shift_terminal"):
+        raise ConfigError(
+            f"num_inference_steps=1: the checkpoint's scheduler stretches its sigmas to end at shift_terminal="
+            f"{config['shift_terminal']}, which takes at least 2 steps (one step makes NaN timesteps in diffusers "
+            "too). Fix: use num_inference_steps=2 or more",
+            param="num_inference_steps",
+        )
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
     sigmas = np.linspace(1.0, 1 / steps, steps)
     mu = calculate_shift(tokens, config) if config.get("use_dynamic_shifting") else None

@@ -1,0 +1,71 @@
+"""Session fixtures for fv-qwen-image: the tiny checkpoint (in a session fv cache, so the card's own
+default weights are these), a folder of another shape, fv instances and diffusers' QwenImagePipeline."""
+
+from __future__ import annotations
+
+import pytest
+from fv_qwen_image import plugin
+from fv_qwen_image.tiny import tiny_weights, write_tiny_checkpoint
+
+import fv_core
+from fv_core.plugins import PluginHost
+
+# 3 blocks of 3 heads x 8, rope axes (2, 2, 4), a 24-wide text encoder of 2 heads (mrope 2+2+2 = 12/2)
+SECOND_SHAPE = dict(
+    num_layers=3,
+    num_attention_heads=3,
+    attention_head_dim=8,
+    joint_attention_dim=24,
+    axes_dims_rope=(2, 2, 4),
+)
+SECOND_TEXT = dict(
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 2, 2]}
+)
+
+
+@pytest.fixture(scope="session")
+def qwen_cache(tmp_path_factory):
+    """FV_CACHE_DIR for the session: the tiny card's default weights are written here once."""
+    mp = pytest.MonkeyPatch()
+    path = tmp_path_factory.mktemp("fv-cache")
+    mp.setenv("FV_CACHE_DIR", str(path))
+    yield path
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def qwen_host() -> PluginHost:
+    """Plugins as a fresh process has them: fv-qwen-image only (auto-loading stays off in tests)."""
+    host = PluginHost(env={})
+    host.add(plugin, "fv-qwen-image")
+    return host.collect()
+
+
+@pytest.fixture(scope="session")
+def tiny_path(qwen_cache) -> str:
+    return tiny_weights()
+
+
+@pytest.fixture(scope="session")
+def second_path(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("qwen") / "qwen-second"
+    write_tiny_checkpoint(path, transformer=SECOND_SHAPE, seed=7, text=SECOND_TEXT)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(qwen_host, tiny_path):
+    return fv_core.load("qwen-image-tiny", tiny_path, host=qwen_host)
+
+
+@pytest.fixture(scope="session")
+def pipe(tiny_path):
+    return pipeline(tiny_path)
+
+
+def pipeline(folder: str):
+    from diffusers import QwenImagePipeline
+
+    pipe = QwenImagePipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
