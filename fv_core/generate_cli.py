@@ -414,7 +414,9 @@ def _add_flag(group: Any, params: Any, name: str, info: Any, default: Any) -> No
     (None: it varies by card) is shown in the help, unless the description states it."""
     from fv_core.request.params import field_extra
 
-    flags = [_flag(name), *field_extra(params, name, "cli", [])]
+    # an alias another card's param already took (every installed card's flags at once) stays that one's
+    taken = group._option_string_actions  # the parser's flags, shared by its groups
+    flags = [_flag(name), *(f for f in field_extra(params, name, "cli", []) if f not in taken)]
     described = info.description or ""
     shown = _shown(default, described)
     kind, choices = _flag_type(info.annotation)

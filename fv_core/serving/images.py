@@ -22,7 +22,8 @@ from fv_core.serving.bodies import body_doc, drop_ignored, read_body, uploads, v
 from fv_core.serving.errors import ApiError, failure
 from fv_core.serving.media import encode_png
 from fv_core.serving.schemas import ImageBase, ImageData, ImageEditBase, ImagesResponse
-from fv_core.serving.submission import Jobs, image_parts, pick_task, prepare, raw_params
+from fv_core.serving.submission import image_parts, pick_task, prepare, raw_params
+from fv_core.serving.workflows import Workflows
 
 
 @dataclass(slots=True)
@@ -33,13 +34,17 @@ class Image:
     text: str | None = None
 
 
-class Images(Jobs):
+class Images(Workflows):
     """Image requests: generated (or edited) and answered together."""
 
     async def generate_images(self, body: ImageBase, parts: tuple[ImagePart, ...] = ()) -> list[Image]:
         """``n`` images as base64 PNGs, each with the text made with it (``think``: the thinking); waits
         for them (like OpenAI's images API). ``parts``: the image to edit."""
         self.check_taking_jobs()
+        if body.model in self.workflows and not parts:
+            flows = await self.workflow_images(self.workflows[body.model], body)
+            pngs = await asyncio.gather(*(asyncio.to_thread(encode_png, a.image) for a in flows))
+            return [Image(base64.b64encode(png).decode(), None) for png in pngs]
         served = self.model(body.model)
         raw = raw_params(body)
         think = raw.pop("think", None)

@@ -177,6 +177,7 @@ class Model(BaseModel):
     adapters: list[dict[str, Any]] = Field(
         default_factory=list, description="fv: the LoRA adapters requests may name (name, scale, rank, ...)"
     )
+    workflow: bool = Field(False, description="fv: a workflow of the deploy file (stages over served models)")
 
 
 class AdapterAdd(Strict):

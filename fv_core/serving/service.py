@@ -26,6 +26,7 @@ class Service(Videos, Images, Chats, Sessions, Weights):
         """Load the models, start the engine, join the fleet's weights (a fleet replica), run again the
         queued jobs a stopped server kept, and on a shared store follow the other replicas."""
         self.models = await asyncio.to_thread(self._load_models)
+        self.workflows = self.load_workflows()
         self.sweep()
         await self.engine.start()
         await self.join_fleet()

@@ -22,11 +22,13 @@ def router() -> APIRouter:
     @router.get("/models", response_model=ModelList)
     async def list_models(service: Service = Depends(_service)) -> ModelList:
         mode = service.deploy.determinism
+        first = min((m.created for m in service.models.values()), default=0)
         return ModelList(
             data=[
                 Model(id=m.name, created=m.created, determinism=mode, adapters=_adapters(m))
                 for m in service.models.values()
             ]
+            + [Model(id=w, created=first, determinism=mode, workflow=True) for w in service.workflows]
         )
 
     return router

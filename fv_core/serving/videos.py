@@ -30,10 +30,10 @@ from fv_core.serving.media import save_atomically
 from fv_core.serving.metrics import Metrics
 from fv_core.serving.schemas import Video, VideoBase, VideoDeleted, VideoList
 from fv_core.serving.stream import VideoChunks, events
+from fv_core.serving.workflows import Workflows
 from fv_core.serving.submission import (
     RECOVER_S,
     WATCH_S,
-    Jobs,
     ServedModel,
     image_parts,
     pick_task,
@@ -45,7 +45,7 @@ log = logging.getLogger("fv.serving")
 POLL_AFTER_MS = "200"  # hint for the openai client's create_and_poll
 
 
-class Videos(Jobs):
+class Videos(Workflows):
     """Video jobs: created, followed to their saved mp4, deleted (cancelled), kept over restarts."""
 
     def __init__(
@@ -66,6 +66,8 @@ class Videos(Jobs):
 
     async def create_video(self, body: VideoBase, request_id: str | None = None) -> Video:
         self.check_taking_jobs()
+        if body.model in self.workflows:
+            return await self.create_workflow_video(self.workflows[body.model], body, request_id)
         served = self.model(body.model)
         task = pick_task(served, body.task, "video", image=body.input_reference is not None)
         program = served.loaded.card.programs[task]

@@ -5,13 +5,16 @@ params, typed as the stages that take them type them), then runs each stage with
 request param, or an earlier stage's artifact (an image becomes the next stage's image part). A
 fan-out stage's candidates run as one batch on the engine; its ``select`` reward keeps the best. The
 result is the last stage's artifact whose provenance nests every stage's (and the candidates' scores).
+The stages are a generator (``plan``) that yields each stage's requests: ``generate`` runs them on an
+engine of its own, a server (``arun``) on its engine, where they batch with its other requests.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,15 +59,41 @@ class LoadedWorkflow:
             raise ConfigError(explain(exc, f"request to workflow {self.workflow_id!r}", cls.model_fields)) from None
 
     def generate(self, **params: Any) -> Any:
-        """Run the workflow; returns its last stage's artifact (with ``keep: all``, ``.stages`` holds each
-        stage's artifact by name) whose provenance nests each stage's."""
+        """Run the workflow here, each stage's requests as one batch on an engine; returns its last stage's
+        artifact (with ``keep: all``, ``.stages`` holds each stage's by name), its provenance nesting
+        every stage's."""
+        from fv_core.runtime import Engine
+
+        plan = self.plan(self.prepare(params).model_dump())
+        results = None
+        with torch.inference_mode():
+            while True:
+                try:
+                    model, requests = plan.send(results)
+                except StopIteration as done:
+                    return done.value
+                results = Engine().run_batched([self.models[model].job(r) for r in requests])
+
+    async def arun(self, params: BaseModel, execute: Callable[[str, list], Awaitable[list]]) -> Any:
+        """:meth:`generate` on someone else's engine: ``await execute(model, requests)`` runs each stage's
+        requests (a server submits them to its engine, where they batch with everything else)."""
+        plan, results = self.plan(params.model_dump()), None
+        while True:
+            try:
+                model, requests = plan.send(results)
+            except StopIteration as done:
+                return done.value
+            results = await execute(model, requests)
+
+    def plan(self, request: dict[str, Any]) -> Generator[tuple[str, list], list, Any]:
+        """The workflow as a generator: it yields ``(served model, requests)`` for each stage and is sent
+        their results; it returns the final artifact."""
         start = time.perf_counter()
-        request = self.prepare(params).model_dump()
         done: dict[str, Any] = {}
         stages: dict[str, Any] = {}
         for stage in self.spec.stages:
-            done[stage.name], stages[stage.name] = self._run(stage, request, done)
-        last = done[self.spec.stages[-1].name]
+            done[stage.name] = yield from self._stage(stage, request, done)
+            stages[stage.name] = done[stage.name].provenance
         provenance = {
             "workflow": self.workflow_id,
             "params": request,
@@ -72,14 +101,16 @@ class LoadedWorkflow:
             "seconds": time.perf_counter() - start,
             "deploy": self.deploy,
         }
-        artifact = dataclasses.replace(last, provenance=provenance)
+        artifact = dataclasses.replace(done[self.spec.stages[-1].name], provenance=provenance)
         if self.spec.keep == "all":
             artifact.stages = done  # type: ignore[attr-defined]
         return artifact
 
     # -- stages ------------------------------------------------------------------------------
 
-    def _run(self, stage: StageSpec, request: dict[str, Any], done: dict[str, Any]) -> tuple[Any, dict]:
+    def _stage(self, stage: StageSpec, request: dict[str, Any], done: dict[str, Any]) -> Generator:
+        """One stage: its bound params and parts, its request (or ``fan_out`` candidates, seeds ``seed`` ..
+        ``seed + N - 1``, the ``select`` reward keeping the best); returns its artifact."""
         model = self.models[stage.model]
         raw, parts = dict(stage.params), []
         for target, origin, name in stage.sources():
@@ -89,27 +120,23 @@ class LoadedWorkflow:
             else:
                 raw[target] = value
         if isinstance(model, LoadedWorkflow):
-            artifact = model.generate(**raw)
-            return artifact, artifact.provenance
-        if stage.fan_out == 1:
-            artifact = model.generate(task=stage.task, parts=parts, **raw)
-            return artifact, artifact.provenance
-        return self._best_of(stage, model, raw, parts)
-
-    def _best_of(self, stage: StageSpec, model: Any, raw: dict, parts: list) -> tuple[Any, dict]:
-        """``fan_out`` candidates (seeds ``seed`` .. ``seed + N - 1``) as one batch; the reward keeps the best."""
-        from fv_core.runtime import Engine
-
+            return (yield from model.plan(model.prepare(raw).model_dump()))
         seed = int(raw.get("seed", 0))
         requests = [
-            model.prepare({**raw, "seed": seed + i}, task=stage.task, parts=parts, request_id=f"{stage.name}-{i}")
+            model.prepare(
+                {**raw, "seed": seed + i} if stage.fan_out > 1 else raw,
+                task=stage.task,
+                parts=parts,
+                request_id=f"{stage.name}-{uuid.uuid4().hex[:8]}-{i}",
+            )
             for i in range(stage.fan_out)
         ]
         start = time.perf_counter()
-        with torch.inference_mode():
-            results = Engine().run_batched([model.job(r) for r in requests])
+        results = yield stage.model, requests
         seconds = (time.perf_counter() - start) / len(requests)
         candidates = [model.artifact(r, res, seconds) for r, res in zip(requests, results, strict=True)]
+        if stage.fan_out == 1:
+            return candidates[0]
         frames = torch.stack([torch.from_numpy(_frames(a)) for a in candidates])
         prompts = [str(getattr(r.params, "prompt", "")) for r in requests]
         scores = [float(s) for s in self.rewards[stage.select](frames, prompts)]
@@ -120,7 +147,7 @@ class LoadedWorkflow:
             "selected": best,
             "reward": stage.select,
         }
-        return dataclasses.replace(candidates[best], provenance=provenance), provenance
+        return dataclasses.replace(candidates[best], provenance=provenance)
 
     def _param_type(self, name: str) -> Any:
         for stage in self.spec.stages:

@@ -108,3 +108,42 @@ def test_fv_generate_runs_a_workflow_and_keeps_its_provenance(tmp_path, capsys):
     again = tmp_path / "again.mp4"
     assert main(["generate", "--replay", str(out.with_suffix(".json")), "-o", str(again)]) == 0
     assert again.read_bytes() == out.read_bytes()
+
+
+def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
+    """A workflow id on /v1/videos (t2i-to-i2v) and /v1/images (a one-stage image workflow), listed in
+    /v1/models; the video equals the workflow run by fv_core.load; bad params answer 400."""
+    import openai
+
+    from fv_core.deploy.card import parse_deploy
+    from tests.serving.support import ServerThread
+
+    data = plan.model_dump(mode="json")
+    data["models"] = [m for m in data["models"] if m["name"] in ("wan-t2i", "wan-i2v")]
+    data["workflows"] = {
+        "t2i-to-i2v": data["workflows"]["t2i-to-i2v"],
+        "still": {"params": {"prompt": None, "seed": 0}, "stages": [
+            {"name": "still", "model": "wan-t2i", "task": "t2i", "bind": {"prompt": "request.prompt", "seed": "request.seed"}}
+        ]},
+    }  # fmt: skip
+    data["data_dir"] = str(tmp_path)
+    deploy = parse_deploy(data)
+    with ServerThread(deploy, host) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+        listed = {m.id: m for m in client.models.list().data}
+        assert listed["t2i-to-i2v"].workflow and not listed["wan-t2i"].workflow
+        done = client.videos.create_and_poll(
+            prompt="a lantern", model="t2i-to-i2v", poll_interval_ms=20, extra_body={"seed": 4, "num_frames": 5}
+        )
+        assert done.status == "completed", done.error
+        mp4 = server.service.store.video_path(done.id)
+        served, served_bytes = json.loads(mp4.with_suffix(".json").read_text()), mp4.read_bytes()
+        images = client.images.generate(prompt="a lantern", model="still", n=2, extra_body={"seed": 4})
+        assert len(images.data) == 2 and images.data[0].b64_json != images.data[1].b64_json
+        with pytest.raises(openai.BadRequestError, match="takes the params .*also sets \\['guidance_scale'\\]"):
+            client.videos.create(prompt="x", model="t2i-to-i2v", extra_body={"guidance_scale": 2.0})
+    flow = fv_core.load("t2i-to-i2v", deploy=deploy, host=host)
+    with torch.no_grad():
+        alone = flow.generate(prompt="a lantern", seed=4, num_frames=5)
+    assert served["params"] == alone.provenance["params"] and list(served["stages"]) == ["still", "motion"]
+    assert alone.save(tmp_path / "alone.mp4").read_bytes() == served_bytes
