@@ -17,6 +17,7 @@ from fv_core.cli import main
 from fv_core.deploy.card import parse_deploy
 from fv_core.parity import check_batched_parity
 from fv_core.runtime import Engine
+from fv_core.runtime.policy import SchedulingPolicy
 
 SMALL = dict(height=32, width=32, num_inference_steps=2)
 
@@ -49,15 +50,38 @@ def test_prompt_features_are_cached_by_content(tiny_model):
     assert np.array_equal(first.image, again.image) and not np.array_equal(first.image, other.image)
 
 
-def test_denoise_steps_of_same_sized_requests_batch(tiny_model):
+class BatchCount:
+    """An observer of how many plans each step shared its call with."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def on_step(self, state, plan, result) -> None:
+        self.sizes.append(result.batched_with)
+
+
+def test_same_sized_requests_with_prompts_of_other_lengths_batch(tiny_model):
+    """Their steps share one call (prompts zero-padded, each masked to its own) and equal each request
+    alone within the card's tolerance."""
+    asks = [
+        dict(prompt="a cat", seed=1),
+        dict(prompt="a dog in the snow at night", seed=2),
+        dict(prompt="a cow", seed=3),
+    ]
+
     def items():
-        asks = [dict(prompt="a cat", seed=1), dict(prompt="a dog", seed=2), dict(prompt="a cow", seed=3)]
         return [
-            tiny_model.job(tiny_model.prepare({**SMALL, **a}, request_id=f"b{i}")) for i, a in enumerate(asks)
+            tiny_model.job(tiny_model.prepare({**SMALL, "negative_prompt": "blur", **a}, request_id=f"b{i}"))
+            for i, a in enumerate(asks)
         ]
 
-    report = check_batched_parity(Engine, items, tol=tiny_model.card.parity.tolerances["frames"])
-    assert report.ok
+    steps = BatchCount()
+    report = check_batched_parity(
+        lambda: Engine(observers=[steps], scheduling=SchedulingPolicy("fair")),
+        items,
+        tol=tiny_model.card.parity.tolerances["frames"],
+    )
+    assert report.ok and max(steps.sizes) == 3, steps.sizes
 
 
 def test_a_named_card_refuses_a_folder_of_another_size(qwen_host, second_path):

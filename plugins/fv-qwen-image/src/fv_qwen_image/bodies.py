@@ -33,14 +33,25 @@ def encode_body(text_encoder, inputs: dict[str, Any]) -> dict[str, Any]:
     return {"embeds": out.hidden_states[-1][:, DROP:]}
 
 
+def text_mask(lengths: torch.Tensor, padded: int) -> torch.Tensor | None:
+    """[B, padded] True on each row's first ``lengths[b]`` positions; None when every row fills them
+    (a request alone, or prompts of one length: no mask, as diffusers runs one prompt)."""
+    if bool((lengths == padded).all()):
+        return None
+    return torch.arange(padded, device=lengths.device)[None] < lengths[:, None]
+
+
 def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
     """Flow velocity of packed ``latents`` [B, tokens, C] at ``timestep`` [B] (0..1) under ``text``;
-    with ``neg_text``, one forward per true-CFG branch. ``inputs[BLOCKS_INPUT]``: the request's block
-    hook when a block interceptor is on (else None)."""
+    with ``neg_text``, one forward per true-CFG branch. Rows of other prompt lengths come zero-padded
+    (``<name>_len``: each row's own length). ``inputs[BLOCKS_INPUT]``: the request's block hook when a
+    block interceptor is on (else None)."""
     latents, t, grid, hook = inputs["latents"], inputs["timestep"], inputs["grid"], inputs.get(BLOCKS_INPUT)
 
     def forward(text: str, branch: str) -> torch.Tensor:
-        return qwen_forward(transformer, latents, t, inputs[text], grid, hook=hook, branch=branch)
+        embeds = inputs[text]
+        mask = text_mask(inputs[f"{text}_len"].to(embeds.device), embeds.shape[1])
+        return qwen_forward(transformer, latents, t, embeds, grid, hook=hook, branch=branch, mask=mask)
 
     if "neg_text" in inputs:
         return {"cond": forward("text", "cond"), "uncond": forward("neg_text", "uncond")}

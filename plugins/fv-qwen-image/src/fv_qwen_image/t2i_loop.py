@@ -4,7 +4,8 @@ Each phase is its own WorkUnit: ENCODER_CHUNK (Qwen2.5-VL over the templated pro
 since rows of other lengths never pad; skipped on a feature-cache hit), DIFFUSION_STEP (one
 transformer call per step, or two under true CFG) and VAE_TILE (the decode). Step bodies
 (:mod:`fv_qwen_image.bodies`) are pure functions of their inputs, so the runtime batches equal-keyed
-plans of different requests: same image size and prompt lengths, same pinned weights. True CFG's
+plans of different requests: same image size, true CFG on or off, same pinned weights (prompts of other lengths zero-padded and
+masked, as diffusers masks a padded batch). True CFG's
 combine, its norm rescale and the Euler update run per request in ``advance``.
 """
 
@@ -152,21 +153,20 @@ class QwenImageLoop:
         inputs: dict[str, Any] = {
             "latents": t["latents"],
             "timestep": timestep,
-            "text": t["text"],
             "grid": (1, h // 2, w // 2),
             BLOCKS_INPUT: None,  # block-structured body: the runner may attach a block hook here
         }
-        if v["cfg"]:
-            inputs["neg_text"] = t["neg_text"]
-        texts = tuple(inputs[r].shape[1] for r in v["rows"])
+        for row in v["rows"]:  # prompts of other lengths batch zero-padded, each row masked to its own
+            inputs[row], inputs[f"{row}_len"] = t[row], torch.tensor([t[row].shape[1]])
         tokens = t["latents"].shape[1]
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
             body=partial(denoise_body, inst.component("transformer", pinned(state, "transformer"))),
             inputs=inputs,
             batch_key=batch_key(
-                inst, state, "transformer", "diffusion_denoise", (tokens, texts, h, w), precision
+                inst, state, "transformer", "diffusion_denoise", (tokens, h, w, tuple(v["rows"])), precision
             ),
+            ragged={row: 1 for row in v["rows"]},
             cost_s=self._cost(state),
             label=f"denoise {i + 1}/{v['steps']}",
         )

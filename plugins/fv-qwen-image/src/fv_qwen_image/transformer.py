@@ -6,6 +6,8 @@ embedding, rope), the blocks through the core's block seam, ``finish`` (output n
 Each block is diffusers' own ``QwenImageTransformerBlock`` (double stream: text and image tokens
 attend jointly, each stream keeps its own weights). The seam carries one tensor, so the two streams
 travel as one sequence ``[text, image]`` that each block splits at the text length and joins again.
+Rows whose prompts differ in length batch zero-padded with a text mask (diffusers' own
+``encoder_hidden_states_mask``): the image attends to each row's own prompt only.
 """
 
 from __future__ import annotations
@@ -25,19 +27,25 @@ class Prepared:
     text_len: int  # where the image stream starts
     temb: torch.Tensor  # [B, dim] timestep embedding (block modulation, output norm)
     rotary: tuple[torch.Tensor, torch.Tensor]  # rope (image freqs, text freqs)
+    mask: torch.Tensor | None = None  # [B, L] bool, True on each row's own text (None: every position)
 
 
 def prepare(
-    model, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, grid: tuple[int, int, int]
+    model,
+    latents: torch.Tensor,
+    timestep: torch.Tensor,
+    text: torch.Tensor,
+    grid: tuple[int, int, int],
+    mask: torch.Tensor | None = None,
 ) -> Prepared:
-    """``latents`` [B, tokens, C] packed, ``timestep`` [B] in 0..1, ``text`` [B, L, text_dim] (every
-    position valid), ``grid`` (frames, height, width) of the patched latents."""
+    """``latents`` [B, tokens, C] packed, ``timestep`` [B] in 0..1, ``text`` [B, L, text_dim] (``mask``
+    [B, L] bool: the valid positions; None: all), ``grid`` (frames, height, width) of the patched latents."""
     image = model.img_in(latents)
     timestep = timestep.to(image.dtype)
     context = model.txt_in(model.txt_norm(text))
     temb = model.time_text_embed(timestep, image)
     rotary = model.pos_embed([grid], max_txt_seq_len=text.shape[1], device=image.device)
-    return Prepared(torch.cat([context, image], 1), text.shape[1], temb, rotary)
+    return Prepared(torch.cat([context, image], 1), text.shape[1], temb, rotary, mask)
 
 
 def run_blocks(
@@ -47,11 +55,14 @@ def run_blocks(
     split = prep.text_len
 
     def block(index: int, hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        temb = prep.temb if rows is None else prep.temb.index_select(0, rows.to(prep.temb.device))
+        temb, mask = prep.temb, prep.mask
+        if rows is not None:  # a batched block hook runs these rows only
+            temb = temb.index_select(0, rows.to(temb.device))
+            mask = None if mask is None else mask.index_select(0, rows.to(mask.device))
         context, image = model.transformer_blocks[index](
             hidden_states=hidden[:, split:],
             encoder_hidden_states=hidden[:, :split],
-            encoder_hidden_states_mask=None,
+            encoder_hidden_states_mask=mask,
             temb=temb,
             image_rotary_emb=prep.rotary,
         )
@@ -73,8 +84,9 @@ def qwen_forward(
     grid: tuple[int, int, int],
     hook: BlockHook | BlockHooks | None = None,
     branch: str = "main",
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flow velocity [B, tokens, C] (what ``model(hidden_states=latents, timestep=timestep,
-    encoder_hidden_states=text, img_shapes=[[grid]] * B)`` computes)."""
-    prep = prepare(model, latents, timestep, text, grid)
+    encoder_hidden_states=text, encoder_hidden_states_mask=mask, img_shapes=[[grid]] * B)`` computes)."""
+    prep = prepare(model, latents, timestep, text, grid, mask)
     return finish(model, prep, run_blocks(model, prep, hook, branch))

@@ -1,0 +1,167 @@
+"""fv vs diffusers' QwenImagePipeline on one medium random-weight Qwen-Image checkpoint (CPU), side by side.
+
+Usage: python bench/qwen_image.py [--steps 8] [--repeats 3] [--threads 1] [--size 512] [--out PATH] [--smoke]
+
+Both run in this process, interleaved repeat by repeat (min and median reported; this machine is
+shared and noisy): single-request latency with true CFG on (fv: its text cache warm, as a server's
+is for a repeated prompt; diffusers encodes every call), and 4 concurrent requests of the same size
+(fv's engine batching their steps vs diffusers called serially). Weights are random: this measures
+speed only, the outputs are compared once (max |fv - diffusers|). Writes JSON and a PNG next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# a transformer whose step (one forward, 1024 image tokens at 512x512) costs ~50-100 ms on one thread here
+MEDIUM = dict(num_layers=2, num_attention_heads=4, attention_head_dim=32, axes_dims_rope=(8, 12, 12))
+PROMPTS = ["a cat holding a sign that says hello", "a lighthouse at dusk", "a bowl of ramen", "a red bicycle"]
+GUIDANCE = dict(negative_prompt=" ", true_cfg_scale=4.0)
+
+
+def timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def stats(times: list[float]) -> dict[str, float]:
+    return {"min_s": min(times), "median_s": statistics.median(times)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--size", type=int, default=512, help="image side in pixels (a multiple of 16)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny size, one repeat: checks the script end to end"
+    )
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "qwen_image.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    side, steps, repeats = (64, 2, 1) if args.smoke else (args.size, args.steps, args.repeats)
+    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+        from fv_qwen_image.tiny import write_tiny_checkpoint
+
+        folder = Path(tmp) / "qwen-image-medium"
+        write_tiny_checkpoint(folder, transformer=None if args.smoke else MEDIUM)
+        result = run(str(folder), side, steps, repeats)
+    result["machine"] = {"cpu": platform.processor() or platform.machine(), "torch_threads": args.threads}
+    result["request"] = {"height": side, "width": side, "steps": steps, **GUIDANCE, "repeats": repeats}
+    result["request"]["smoke"] = args.smoke
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    plot(out.with_suffix(".png"), result)
+    print(json.dumps(result, indent=2))
+
+
+def run(folder: str, side: int, steps: int, repeats: int) -> dict:
+    from diffusers import QwenImagePipeline
+
+    import fv_core
+    from fv_core.plugins import load_plugins
+    from fv_core.runtime import Engine
+
+    model = fv_core.load(folder, host=load_plugins(env={"FV_PLUGINS": "fv-qwen-image"}))
+    ask = dict(height=side, width=side, num_inference_steps=steps, **GUIDANCE)
+    pipe = QwenImagePipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+
+    def diffusers_one(i: int) -> np.ndarray:
+        generator = torch.Generator().manual_seed(i)
+        return pipe(PROMPTS[i], generator=generator, output_type="np", **ask).images[0]
+
+    def fv_one(i: int) -> np.ndarray:
+        return model.generate(prompt=PROMPTS[i], seed=i, **ask).image
+
+    def fv_batch():
+        items = [model.job(model.prepare({"prompt": p, "seed": i, **ask})) for i, p in enumerate(PROMPTS)]
+        return Engine().run_batched(items)
+
+    worst = float(np.abs(diffusers_one(0) - fv_one(0)).max())  # also the warm-up (loads, text cache)
+    fv_batch()
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats):  # interleaved: each repeat runs every case once
+        for name, fn in (
+            ("diffusers_single", lambda: diffusers_one(0)),
+            ("fv_single", lambda: fv_one(0)),
+            ("diffusers_serial4", lambda: [diffusers_one(i) for i in range(4)]),
+            ("fv_batched4", fv_batch),
+        ):
+            times.setdefault(name, []).append(timed(fn)[0])
+    s = {k: stats(v) for k, v in times.items()}
+    step_s = step_cost(model, side)
+    return {
+        "checkpoint": {
+            "transformer": MEDIUM if side != 64 else "tiny",
+            "transformer_params": sum(
+                p.numel() for p in model.instance.component("transformer").parameters()
+            ),
+            "weights": "random",
+            "transformer_forward_s": step_s,
+        },
+        "parity": {"max_abs_fv_vs_diffusers": worst, "note": "the same request, seed and weights, fp32"},
+        "single_request": {
+            **{k: s[k] for k in ("diffusers_single", "fv_single")},
+            "latency_ratio": s["fv_single"]["median_s"] / s["diffusers_single"]["median_s"],
+            "goal": "<= 0.8",
+            "note": "true CFG (two forwards a step); fv's text cache is warm",
+        },
+        "concurrent_4_same_size": {
+            **{k: s[k] for k in ("diffusers_serial4", "fv_batched4")},
+            "throughput_ratio": s["diffusers_serial4"]["median_s"] / s["fv_batched4"]["median_s"],
+            "note": "fv batches each step of the 4 requests into one call per CFG branch; diffusers runs them serially",
+        },
+    }
+
+
+def step_cost(model, side: int) -> dict[str, float]:
+    """One transformer forward at ``side`` (min and median of 5): what a denoise step costs per branch."""
+    from fv_qwen_image.transformer import qwen_forward
+
+    dit, tokens = model.instance.component("transformer"), (side // 16) ** 2
+    latents, text = torch.randn(1, tokens, 64), torch.randn(1, 40, dit.config.joint_attention_dim)
+    grid = (1, side // 16, side // 16)
+    return stats(
+        [timed(lambda: qwen_forward(dit, latents, torch.tensor([0.5]), text, grid))[0] for _ in range(5)]
+    )
+
+
+def plot(path: Path, r: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [
+        ("1 request", r["single_request"], ("diffusers_single", "fv_single")),
+        ("4 requests, same size", r["concurrent_4_same_size"], ("diffusers_serial4", "fv_batched4")),
+    ]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, (title, data, keys) in zip(axes, groups, strict=True):
+        ax.bar(keys, [data[k]["median_s"] for k in keys], color=["#999", "#3a7"])
+        ax.scatter(keys, [data[k]["min_s"] for k in keys], color="k", marker="_", s=300, label="min")
+        ax.set_title(title)
+        ax.set_ylabel("median seconds")
+        ax.tick_params(axis="x", labelsize=8)
+    axes[0].legend()
+    fig.suptitle("Qwen-Image medium random weights, CPU: fv vs diffusers QwenImagePipeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
