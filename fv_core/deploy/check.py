@@ -55,7 +55,11 @@ def _card_of(deploy: DeploymentCard, host: PluginHost) -> Any:
 
     def card_of(name: str) -> Any:
         entry = {m.served_name: m for m in deploy.models}[name]
-        return assemble_card(host.registries, entry.card)
+        if entry.card in host.registries.cards:
+            return assemble_card(host.registries, entry.card)
+        from fv_core.load import checkpoint_card  # a checkpoint entry: the card its configs make
+
+        return checkpoint_card(host, entry.card)[0]
 
     return card_of
 
