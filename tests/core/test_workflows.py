@@ -116,7 +116,7 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
     import openai
 
     from fv_core.deploy.card import parse_deploy
-    from tests.serving.support import ServerThread
+    from tests.serving.support import ServerThread, wait_idle
 
     data = plan.model_dump(mode="json")
     data["models"] = [m for m in data["models"] if m["name"] in ("wan-t2i", "wan-i2v")]
@@ -142,6 +142,15 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
         assert len(images.data) == 2 and images.data[0].b64_json != images.data[1].b64_json
         with pytest.raises(openai.BadRequestError, match="takes the params .*also sets \\['guidance_scale'\\]"):
             client.videos.create(prompt="x", model="t2i-to-i2v", extra_body={"guidance_scale": 2.0})
+        failed = client.videos.create_and_poll(
+            prompt="x", model="t2i-to-i2v", poll_interval_ms=20, extra_body={"num_frames": 6}
+        )  # the still is made; the i2v stage refuses 6 frames
+        assert failed.status == "failed" and "workflow 't2i-to-i2v'" in failed.error.message
+        assert "num_frames" in failed.error.message
+        gone = client.videos.create(prompt="x", model="t2i-to-i2v", extra_body={"num_frames": 5})
+        client.videos.delete(gone.id)  # cancels the stage running
+        wait_idle(server)
+        assert server.service.engine.engine.admission.running == {}
     flow = fv_core.load("t2i-to-i2v", deploy=deploy, host=host)
     with torch.no_grad():
         alone = flow.generate(prompt="a lantern", seed=4, num_frames=5)
