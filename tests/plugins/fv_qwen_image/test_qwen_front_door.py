@@ -132,3 +132,15 @@ def test_images_generations_over_http(tiny_path, tmp_path):
         assert image.shape == (32, 48, 3)
         with pytest.raises(openai.BadRequestError, match="multiple of 16"):
             client.images.generate(model="qwen-image-tiny", prompt="a cat", size="40x32")
+
+
+def test_a_folder_of_another_transformer_variant_is_refused(qwen_host, second_path, tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "distilled"
+    shutil.copytree(second_path, folder)
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    (folder / "transformer" / "config.json").write_text(json.dumps({**config, "guidance_embeds": True}))
+    with pytest.raises(WeightsError, match=r"sets \['guidance_embeds'\].*Fix: load a Qwen/Qwen-Image folder"):
+        fv_core.load(str(folder), host=qwen_host)

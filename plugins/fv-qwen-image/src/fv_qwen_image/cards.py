@@ -54,6 +54,7 @@ def architecture(layers: int, heads: int, head_dim: int, text_dim: int) -> dict[
             num_attention_heads=heads,
             attention_head_dim=head_dim,
             joint_attention_dim=text_dim,
+            guidance_embeds=False,  # fv's forward has no guidance embedding (no distilled-guidance variant)
         ),
         "vae": dict(_class_name="AutoencoderKLQwenImage"),
         "scheduler": dict(_class_name="FlowMatchEulerDiscreteScheduler", use_dynamic_shifting=True),

@@ -26,6 +26,13 @@ def _config(folder: Path, file: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+VARIANT_FLAGS = (
+    "zero_cond_t",
+    "use_additional_t_cond",
+    "use_layer3d_rope",
+)  # transformers of other pipelines
+
+
 class QwenImageFolder:
     """The reader of ``QwenImagePipeline`` folders (``fv_register_pipelines``)."""
 
@@ -33,6 +40,13 @@ class QwenImageFolder:
     def card(folder: Path) -> ModelCard:
         """A card for the Qwen-Image the folder holds: its configs, diffusers' pipeline defaults."""
         dit = _config(folder, "transformer/config.json")
+        other = [k for k in ("guidance_embeds", *VARIANT_FLAGS) if dit.get(k)]
+        if other:
+            raise WeightsError(
+                f"{str(folder)!r}: its transformer sets {other} (a guidance-distilled, edit-2511 or layered "
+                "variant); fv-qwen-image runs the Qwen-Image text-to-image transformer, where they are all "
+                "false. Fix: load a Qwen/Qwen-Image folder."
+            )
         _config(folder, "scheduler/scheduler_config.json")
         blocks, heads, head_dim = dit["num_layers"], dit["num_attention_heads"], dit["attention_head_dim"]
         config = architecture(blocks, heads, head_dim, dit["joint_attention_dim"])
