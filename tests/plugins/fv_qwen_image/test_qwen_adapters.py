@@ -1,5 +1,5 @@
 """LoRA adapters per request on Qwen-Image: C1 against diffusers' ``load_lora_weights`` +
-``set_adapters`` on the same weights and seed (one adapter, two combined), and a request without
+``set_adapters`` on the same weights and seed (two combined, each scaled), and a request without
 adapters unchanged beside them."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def reference(pipe, files: dict, scales: list[float]) -> np.ndarray:
         pipe.unload_lora_weights()
 
 
-@pytest.mark.parametrize("names,scales", [(["style"], [0.8]), (["style", "detail"], [0.7, -0.4])])
+@pytest.mark.parametrize("names,scales", [(["style", "detail"], [0.7, -0.4])])  # two: each is applied, scaled
 def test_c1_adapters_match_diffusers_set_adapters(model, loras, pipe, names, scales):
     ref = reference(pipe, {n: loras[n] for n in names}, scales)
     got = model.generate(**ASK, adapters=list(zip(names, scales, strict=True))).image

@@ -14,7 +14,7 @@ from fv_core.parity import compare_results
 from fv_core.plugins import PluginHost
 from fv_core.runtime import Engine
 
-BASE = dict(negative_prompt=" ", true_cfg_scale=4.0, height=32, width=32, num_inference_steps=4)
+BASE = dict(negative_prompt=" ", true_cfg_scale=4.0, height=32, width=32, num_inference_steps=3)
 PROMPTS = ["a cat holding a sign", "a lighthouse", "a bowl of soup"]
 
 
