@@ -149,7 +149,7 @@ def test_fifo_runs_one_request_at_a_time_in_submit_order(model, denoise):
     assert order == ["r0"] * 3 + ["r1"] * 3 + ["r2"] * 3
 
 
-def test_auto_serves_shortest_remaining_first_and_counts_preemptions(model, denoise):
+def test_auto_serves_shortest_remaining_first(model, denoise):
     order = []
     engine = Engine(scheduling=SchedulingPolicy("auto", max_wait_factor=100.0))
     engine.on_event = lambda e: e.kind == "progress" and order.append(e.request_id)
