@@ -1,9 +1,10 @@
-"""The measured effect of shapes-red-to-cyan.safetensors on wan2.1-t2v-shapes: every colour's prompts
-(both shapes, all four directions, two seeds) served without and with the adapter per request, read by
-the shapes detector (fv-train-flow): the object's mean colour and hue, and the detector's accuracy.
-Writes the report as JSON. Run from the repository root:
+"""The measured effect of a shapes LoRA on wan2.1-t2v-shapes: every colour's prompts (both shapes, all
+four directions, one seed, at the card's 30 steps and guidance 1) served without and with the adapter per
+request, read by the shapes detector (fv-train-flow): the object's mean colour and hue, and the
+detector's accuracy per attribute. Writes the report as JSON. Run from the repository root:
 
-    python examples/adapters/measure_red_to_cyan.py -o examples/adapters/red_to_cyan_effect.json
+    python examples/adapters/measure.py examples/adapters/shapes-red-to-green.safetensors \
+        -o examples/adapters/shapes-red-to-green.json
 """
 
 from __future__ import annotations
@@ -20,9 +21,6 @@ import fv_core
 from fv_train_flow import shapes
 from fv_train_flow.detect import FOREGROUND, detect
 from fv_train_flow.eval import generate_videos
-
-HERE = Path(__file__).resolve().parent
-ADAPTER = HERE / "shapes-red-to-cyan.safetensors"
 
 
 def object_rgb(frames: torch.Tensor) -> tuple[float, float, float] | None:
@@ -41,20 +39,29 @@ def summary(pairs, videos) -> dict:
     return {
         "mean_object_rgb": mean,
         "hue_deg": round(colorsys.rgb_to_hsv(*mean)[0] * 360, 1) if mean else None,
-        **{f"acc_{k}": round(statistics.fmean(h[k] for h in hits), 3) for k in ("colour", "shape", "direction")},
+        **{
+            f"acc_{k}": round(statistics.fmean(h[k] for h in hits), 3)
+            for k in ("colour", "shape", "direction")
+        },
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--guidance", type=float, default=4.0)
-    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("adapter", type=Path, help="a LoRA file for wan2.1-t2v-shapes")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--guidance", type=float, default=1.0)
+    parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("-o", "--output", type=Path)
     args = parser.parse_args()
     model = fv_core.load("wan2.1-t2v-shapes")
-    model.instance.adapters.add("red-to-cyan", ADAPTER)
-    report: dict = {"adapter": ADAPTER.name, "steps": args.steps, "guidance": args.guidance, "colours": {}}
+    model.instance.adapters.add("measured", args.adapter)
+    report: dict = {
+        "adapter": args.adapter.name,
+        "steps": args.steps,
+        "guidance": args.guidance,
+        "colours": {},
+    }
     for colour in shapes.COLOURS:
         pairs = [
             (shapes.ClipSpec(colour, shape, direction, (0.0, 0.0)), seed)
@@ -63,7 +70,7 @@ def main() -> None:
             for seed in range(args.seeds)
         ]
         row = {}
-        for name, adapters in (("base", []), ("adapter", ["red-to-cyan"])):
+        for name, adapters in (("base", []), ("adapter", ["measured"])):
             videos, _ = generate_videos(model, pairs, args.steps, args.guidance, "unipc", 16, adapters)
             row[name] = summary(pairs, videos)
         report["colours"][colour] = {"prompts": len(pairs), **row}

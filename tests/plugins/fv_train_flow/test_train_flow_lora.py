@@ -142,6 +142,8 @@ def test_a_checkpoint_resumes_the_pairs_exactly(lora_run, vae_dir, tmp_path):
 def test_lora_refuses_a_trained_text_encoder_and_unknown_targets(vae_dir, tmp_path):
     with pytest.raises(ConfigError, match="train_text_encoder=true with lora_rank=4"):
         FlowMethod(validate(lora_config(tmp_path / "a", vae_dir, train_text_encoder=True)))
+    with pytest.raises(ConfigError, match=r"recolour=\{'pink'.*unknown: \['pink'\]"):
+        FlowMethod(validate(lora_config(tmp_path / "c", vae_dir, recolour={"pink": [1, 0, 0]})))
     with pytest.raises(ConfigError, match=r"lora_targets=\['to_qq'\] match no linear layer"):
         FlowMethod(validate(lora_config(tmp_path / "b", vae_dir, lora_targets=["to_qq"])))
 
@@ -170,3 +172,12 @@ def test_the_training_forward_is_the_served_forward_bit_for_bit(lora_run, tmp_pa
         plane.remove("exported-student")
     assert trained.requires_grad and not served.requires_grad
     assert torch.equal(trained.detach(), served)
+
+
+def test_recolour_draws_a_colour_in_other_rgb_under_the_same_caption():
+    spec = shapes.ClipSpec("red", "square", "left", (40.0, 32.0))
+    plain, green = shapes.render(spec), shapes.render(spec, {"red": (0.1, 0.8, 0.2)})
+    centre = (0, 32, 40)
+    assert torch.allclose(plain[centre], torch.tensor(shapes.COLOURS["red"]))
+    assert torch.allclose(green[centre], torch.tensor([0.1, 0.8, 0.2]))
+    assert torch.equal(plain[0, 0, 0], green[0, 0, 0])  # the background is unchanged

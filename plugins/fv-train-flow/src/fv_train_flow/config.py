@@ -101,7 +101,7 @@ class FlowOptions(StrictModel):
     # module path suffixes (None: LORA_TARGETS; None also keeps older runs' recorded options resumable)
     lora_targets: list[str] | None = Field(None, min_length=1)
     # draw these colours' clips in other RGB values, captions unchanged (what a style LoRA learns, e.g.
-    # {red: [0.1, 0.85, 0.9]}: "red" prompts make cyan objects)
+    # {red: [0.1, 0.8, 0.2]}: "red" prompts make green objects; the VAE must reproduce the colour)
     recolour: dict[str, tuple[float, float, float]] = {}
 
     @model_validator(mode="after")
@@ -110,7 +110,7 @@ class FlowOptions(StrictModel):
         if unknown or any(not 0 <= c <= 1 for rgb in self.recolour.values() for c in rgb):
             raise ValueError(
                 f"recolour={self.recolour} must map colours of {list(COLOURS)} to RGB values in 0..1 "
-                f"(unknown: {unknown}). Fix: e.g. {{red: [0.1, 0.85, 0.9]}}"
+                f"(unknown: {unknown}). Fix: e.g. {{red: [0.1, 0.8, 0.2]}}"
             )
         if self.lora_rank and self.train_text_encoder and "train_text_encoder" in self.model_fields_set:
             raise ValueError(
