@@ -81,8 +81,8 @@ class Scheduling(Strict):
 
     # auto: batch only where the measured batch curve says it pays, else the least remaining work first,
     # with an aging bound; fair: every running request one step per tick, compatible steps batched;
-    # fifo: one request at a time, in arrival order. Default fair: tests/serving hold jobs mid-run together
-    policy: Literal["auto", "fifo", "fair"] = "fair"
+    # fifo: one request at a time, in arrival order
+    policy: Literal["auto", "fifo", "fair"] = "auto"
     max_wait_factor: float = Field(4.0, ge=1)  # auto: a request is done within this x its predicted solo time
     ttfs_target_s: float | None = Field(None, gt=0)  # auto: first step within this many s (None: no target)
     # resident weights + predicted step peaks of the requests running at once; a request that can never fit is

@@ -30,6 +30,8 @@ def tiny_deploy(data_dir: str | Path, determinism: str = "bitwise", **limits: An
             "limits": limits,
             "data_dir": str(data_dir),
             "determinism": determinism,
+            # time-sharing: these tests hold several jobs mid-run at once (auto runs the shortest first)
+            "scheduling": {"policy": "fair"},
         }
     )
 
