@@ -102,7 +102,7 @@ def run(folder: str, side: int, steps: int, repeats: int) -> dict:
         ):
             times.setdefault(name, []).append(timed(fn)[0])
     s = {k: stats(v) for k, v in times.items()}
-    step_s = step_cost(model, side)
+    step_s, decode_s = step_cost(model, side), decode_cost(model, side)
     return {
         "checkpoint": {
             "transformer": MEDIUM if side != 64 else "tiny",
@@ -111,6 +111,8 @@ def run(folder: str, side: int, steps: int, repeats: int) -> dict:
             ),
             "weights": "random",
             "transformer_forward_s": step_s,
+            "vae_decode_s": decode_s,
+            "note": "a true-CFG step is two forwards; the decode is the same diffusers module on both sides",
         },
         "parity": {"max_abs_fv_vs_diffusers": worst, "note": "the same request, seed and weights, fp32"},
         "single_request": {
@@ -137,6 +139,15 @@ def step_cost(model, side: int) -> dict[str, float]:
     return stats(
         [timed(lambda: qwen_forward(dit, latents, torch.tensor([0.5]), text, grid))[0] for _ in range(5)]
     )
+
+
+def decode_cost(model, side: int) -> dict[str, float]:
+    """One VAE decode of a ``side`` x ``side`` image (min and median of 3)."""
+    from fv_qwen_image.bodies import decode_body
+
+    vae, h = model.instance.component("vae"), side // 8
+    inputs = {"latents": torch.randn(1, (h // 2) ** 2, 64), "size": (h, h)}
+    return stats([timed(lambda: decode_body(vae, inputs))[0] for _ in range(3)])
 
 
 def plot(path: Path, r: dict) -> None:
