@@ -27,7 +27,7 @@ class QwenImageParams(VariationParams):
         ge=0.0,
         le=30.0,
         description="true CFG scale (two forwards, the result rescaled to the conditional norm); 1 turns it off",
-        json_schema_extra=param_meta("max_guidance", "--guidance"),
+        json_schema_extra=param_meta("max_guidance"),
     )
     height: int = Field(
         ge=16,
