@@ -110,7 +110,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         shape = None if args.smoke else MEDIUM
         write_tiny_checkpoint(Path(tmp) / "t2v", transformer=shape)
-        write_tiny_checkpoint(Path(tmp) / "i2v", transformer=shape, variant="i2v")
+        i2v_shape = None if shape is None else {**shape, "added_kv_proj_dim": 8 * 64}  # image K/V at the width
+        write_tiny_checkpoint(Path(tmp) / "i2v", transformer=i2v_shape, variant="i2v")
         deploy = parse_deploy(deploy_of(Path(tmp) / "t2v", Path(tmp) / "i2v", steps))
         flow = fv_core.load("t2i-to-i2v", deploy=deploy)
         with torch.inference_mode():
