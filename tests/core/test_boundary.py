@@ -161,7 +161,7 @@ def test_the_boundary_test_sees_a_violation(tmp_path):
     assert "'assemble'" in problems[2][1] + problems[3][1] and "Engine" in problems[2][1] + problems[3][1]
 
 
-FAMILIES = ("fv-wan", "fv-ltx2", "fv-bagel")
+FAMILIES = ("fv-wan", "fv-ltx2", "fv-bagel", "fv-qwen-image")
 FAMILY_FILES = ("plugin.py", "cards.py", "params.py", "model.py", "tiny.py")  # CONTRIBUTING's list
 MAX_LINES = 500
 
