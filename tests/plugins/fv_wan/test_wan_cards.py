@@ -9,7 +9,7 @@ from fv_core import ConfigError, RecipeLoopMismatch, UnknownKeyError
 from fv_core.plugins import PluginHost
 from fv_wan import plugin
 from fv_wan.cards import CARDS, fastwan_1_3b, wan_tiny
-from fv_wan.generate import card
+from fv_wan.shortcuts import card
 
 
 def test_plugin_registers_every_card():
