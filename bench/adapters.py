@@ -76,7 +76,9 @@ def side_fv(model, steps: int, repeats: int) -> tuple[dict, dict]:
     def jobs(with_adapters: bool):
         return [
             model.job(
-                model.prepare(params(i, steps), request_id=f"r{i}", adapters=[f"a{i}"] if with_adapters else [])
+                model.prepare(
+                    params(i, steps), request_id=f"r{i}", adapters=[f"a{i}"] if with_adapters else []
+                )
             )
             for i in range(REQUESTS)
         ]
@@ -90,7 +92,9 @@ def side_fv(model, steps: int, repeats: int) -> tuple[dict, dict]:
         return rounds(runs, repeats)
 
 
-def side_diffusers(weights: str, paths: list[Path], steps: int, repeats: int) -> tuple[dict, dict, list[float]]:
+def side_diffusers(
+    weights: str, paths: list[Path], steps: int, repeats: int
+) -> tuple[dict, dict, list[float]]:
     import torch
     from diffusers import WanPipeline
 
@@ -208,7 +212,13 @@ def main() -> None:
     throughput = {k: REQUESTS / min(v["wall"]) for k, v in times.items()}
     result = {
         "checkpoint": {"transformer": "tiny" if args.smoke else MEDIUM, "weights": "random"},
-        "request": {**SIZE, "steps": steps, "guidance": GUIDANCE, "cfg": "two forwards", "requests": REQUESTS},
+        "request": {
+            **SIZE,
+            "steps": steps,
+            "guidance": GUIDANCE,
+            "cfg": "two forwards",
+            "requests": REQUESTS,
+        },
         "rank": args.rank,
         "targets": list(TARGETS),
         "machine": {
@@ -218,7 +228,9 @@ def main() -> None:
             "load_avg_1m": os.getloadavg()[0],
             "smoke": args.smoke,
         },
-        "wall_s": {k: {"min": min(v["wall"]), "median": statistics.median(v["wall"])} for k, v in times.items()},
+        "wall_s": {
+            k: {"min": min(v["wall"]), "median": statistics.median(v["wall"])} for k, v in times.items()
+        },
         "throughput_req_s": throughput,
         "fv_adapters_vs_diffusers_serial": throughput["fv_8_adapters"] / throughput["diffusers_serial"],
         "fv_adapters_vs_fv_none": throughput["fv_8_adapters"] / throughput["fv_no_adapters"],

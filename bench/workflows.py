@@ -35,7 +35,12 @@ SIZE = dict(num_frames=5, height=64, width=64)
 
 def deploy_of(t2v: Path, i2v: Path, steps: int) -> dict:
     fixed = {"num_inference_steps": steps, "guidance_scale": 5.0, **SIZE}
-    still = {"num_inference_steps": steps, "guidance_scale": 5.0, "height": SIZE["height"], "width": SIZE["width"]}
+    still = {
+        "num_inference_steps": steps,
+        "guidance_scale": 5.0,
+        "height": SIZE["height"],
+        "width": SIZE["width"],
+    }
     return {
         "plugins": ["fv-wan"],
         "models": [{"card": str(t2v), "name": "t2v"}, {"card": str(i2v), "name": "i2v"}],
@@ -57,7 +62,9 @@ def deploy_of(t2v: Path, i2v: Path, steps: int) -> dict:
 def by_hand(flow, prompt: str, seed: int):
     spec = flow.spec.stages
     still = flow.models["t2v"].generate(task="t2i", prompt=prompt, seed=seed, **spec[0].params)
-    return flow.models["i2v"].generate(task="i2v", image=still.image, prompt=prompt, seed=seed, **spec[1].params)
+    return flow.models["i2v"].generate(
+        task="i2v", image=still.image, prompt=prompt, seed=seed, **spec[1].params
+    )
 
 
 def concurrent(flow, n: int) -> list:
@@ -110,7 +117,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         shape = None if args.smoke else MEDIUM
         write_tiny_checkpoint(Path(tmp) / "t2v", transformer=shape)
-        i2v_shape = None if shape is None else {**shape, "added_kv_proj_dim": 8 * 64}  # image K/V at the width
+        i2v_shape = (
+            None if shape is None else {**shape, "added_kv_proj_dim": 8 * 64}
+        )  # image K/V at the width
         write_tiny_checkpoint(Path(tmp) / "i2v", transformer=i2v_shape, variant="i2v")
         deploy = parse_deploy(deploy_of(Path(tmp) / "t2v", Path(tmp) / "i2v", steps))
         flow = fv_core.load("t2i-to-i2v", deploy=deploy)
@@ -142,7 +151,9 @@ def main() -> None:
         "wall_s": wall,
         "concurrent_vs_by_hand_serial": wall["by_hand_serial"]["min"] / wall["workflows_concurrent"]["min"],
         "layer_overhead_per_stage": (one - hand) / 2 / (hand / 2),
-        "workflow_equals_by_hand": bool(np.array_equal(outs["workflow_one"].frames, outs["by_hand_one"].frames)),
+        "workflow_equals_by_hand": bool(
+            np.array_equal(outs["workflow_one"].frames, outs["by_hand_one"].frames)
+        ),
         "goal": "workflow layer overhead <= 1% of stage time",
         "note": "layer_overhead_per_stage = (one workflow - its stages by hand) / 2 stages, over a stage's time "
         "(min over rounds; negative: within the noise)",
@@ -151,7 +162,12 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     plot(out.with_suffix(".png"), wall)
-    print(json.dumps({k: result[k] for k in ("wall_s", "concurrent_vs_by_hand_serial", "layer_overhead_per_stage")}, indent=1))
+    print(
+        json.dumps(
+            {k: result[k] for k in ("wall_s", "concurrent_vs_by_hand_serial", "layer_overhead_per_stage")},
+            indent=1,
+        )
+    )
 
 
 def plot(path: Path, wall: dict) -> None:

@@ -78,7 +78,7 @@ def text_task(card: Any, asked: str | None) -> str:
     naming the card's tasks, what each outputs, and the fix."""
     programs = card.programs
     task = asked or next((t for t, p in programs.items() if p.outputs[0] == "text"), None)
-    if task in programs and programs[task].outputs[0] == "text":
+    if task is not None and task in programs and programs[task].outputs[0] == "text":
         return task
     tasks = ", ".join(f"{t} ({p.outputs[0]})" for t, p in programs.items())
     texts = [t for t, p in programs.items() if p.outputs[0] == "text"]

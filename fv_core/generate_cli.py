@@ -257,7 +257,9 @@ def _generate_workflow(args: argparse.Namespace, flow: Any, raw: dict) -> int:
     written = [artifact.save(output)]  # its provenance beside it
     written.append(written[0].with_suffix(".json"))
     for stage, kept in getattr(artifact, "stages", {}).items():
-        written.append(kept.save(output.with_suffix(f".{stage}{output.suffix if hasattr(kept, 'frames') else '.png'}")))
+        written.append(
+            kept.save(output.with_suffix(f".{stage}{output.suffix if hasattr(kept, 'frames') else '.png'}"))
+        )
     print(files_line(written, artifact.provenance["seconds"]))
     return 0
 

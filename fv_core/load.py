@@ -67,7 +67,8 @@ def load(
         if problems:
             raise ConfigError("the deployment is invalid:\n" + "\n".join(f"  - {p}" for p in problems))
         if model is not None and str(model) in plan.workflows:
-            return load_workflow(plan, str(model), host, device)
+            # a workflow runs as a model does (generate, close)
+            return load_workflow(plan, str(model), host, device)  # type: ignore[return-value]
     entry = _entry(plan, model) if plan is not None else None
     name = entry.card if entry is not None else str(model if model is not None else weights)
     weights = weights if weights is not None else (entry.weights if entry is not None else None)

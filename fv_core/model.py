@@ -206,7 +206,13 @@ class LoadedModel:
     def _adapter_record(self, use: Any) -> dict[str, Any]:
         """An adapter a request ran, for its provenance (the file, so a replay can load it again)."""
         entry = self.instance.adapters.known(use.key)
-        return {"name": use.name, "version": use.version, "scale": use.scale, "path": entry.path, "into": dict(entry.into)}
+        return {
+            "name": use.name,
+            "version": use.version,
+            "scale": use.scale,
+            "path": entry.path,
+            "into": dict(entry.into),
+        }
 
     def _check_parts(self, task: str, loop: LoopSpec, parts: tuple[Part, ...]) -> None:
         """The loop takes only the kinds it ``accepts``, and each kind it ``requires`` exactly once."""
@@ -301,7 +307,9 @@ class LoadedModel:
         if image is not None:
             parts += (image_part(image),)
             task = task or self.image_task()
-        request = self.prepare(params, task=task, parts=parts, plugin_options=plugin_options, adapters=adapters)
+        request = self.prepare(
+            params, task=task, parts=parts, plugin_options=plugin_options, adapters=adapters
+        )
 
         def events(event: StreamEvent) -> None:
             if on_event is not None:

@@ -97,9 +97,13 @@ def _locate(path: Path) -> tuple[Path, dict[str, Any] | None]:
             "file. Fix: name the file itself."
         )
     if not path.is_file():
-        raise ConfigError(f"adapter {str(path)!r} does not exist. Fix: give the path of a LoRA .safetensors file.")
+        raise ConfigError(
+            f"adapter {str(path)!r} does not exist. Fix: give the path of a LoRA .safetensors file."
+        )
     if path.suffix != ".safetensors":
-        raise ConfigError(f"adapter {str(path)!r} is not a .safetensors file. Fix: give a LoRA .safetensors file.")
+        raise ConfigError(
+            f"adapter {str(path)!r} is not a .safetensors file. Fix: give a LoRA .safetensors file."
+        )
     return path, None
 
 
@@ -115,7 +119,9 @@ def _read_safetensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     return tensors, json.loads(raw) if raw else None
 
 
-def _pairs(file: Path, state: dict[str, torch.Tensor], metadata: dict[str, Any], components: list[str]) -> LoraWeights:
+def _pairs(
+    file: Path, state: dict[str, torch.Tensor], metadata: dict[str, Any], components: list[str]
+) -> LoraWeights:
     """Group ``<component>.<module>.lora_A/B.weight`` keys into pairs with their scales."""
     unsupported = [k for k in state if not re.search(r"\.lora_[AB]\.weight$", k)]
     unconverted = [k for k in unsupported if re.search(r"\.lora_(down|up)\.weight$", k)]
@@ -155,7 +161,9 @@ def _pairs(file: Path, state: dict[str, torch.Tensor], metadata: dict[str, Any],
 
 def _scale(metadata: dict[str, Any], component: str, module: str, rank: int) -> float:
     """``lora_alpha / r`` from the LoraConfig saved for ``component`` (module patterns first); 1 without one."""
-    config = {k.removeprefix(f"{component}."): v for k, v in metadata.items() if k.startswith(f"{component}.")}
+    config = {
+        k.removeprefix(f"{component}."): v for k, v in metadata.items() if k.startswith(f"{component}.")
+    }
     if "lora_alpha" not in config:
         return 1.0
     alpha = _pattern(config.get("alpha_pattern") or {}, module, config["lora_alpha"])
@@ -177,7 +185,7 @@ def save_lora(folder: str | Path, loader: str, weights: LoraWeights) -> Path:
     component's ``r`` / ``lora_alpha`` / ``target_modules`` in the ``lora_adapter_metadata`` header,
     written by ``save_lora_weights`` of ``loader`` (the card's diffusers LoRA loader mixin). Every pair
     of a component must share one rank and one scale. Returns the file's path."""
-    mixin, kwargs = resolve_lazy(loader), {}
+    mixin, kwargs = resolve_lazy(loader), dict[str, Any]()
     for component, modules in weights.items():
         if f"{component}_lora_layers" not in inspect.signature(mixin.save_lora_weights).parameters:
             raise ConfigError(
@@ -190,7 +198,7 @@ def save_lora(folder: str | Path, loader: str, weights: LoraWeights) -> Path:
                 f"{component}'s LoRA pairs have {len(configs)} (rank, scale) settings {sorted(configs)[:3]}; "
                 "the export writes one r and lora_alpha per component. Fix: train one rank and alpha."
             )
-        (rank, scale), = configs
+        ((rank, scale),) = configs
         kwargs[f"{component}_lora_layers"] = {
             f"{module}.lora_{ab}.weight": t.detach().cpu().contiguous()
             for module, pair in modules.items()

@@ -108,7 +108,9 @@ class AdapterPlane:
         checked = {c: self._checked(f"<{name}>", c, modules) for c, modules in weights.items()}
         return self._register(name, f"<in memory: {name}>", scale, (), checked)
 
-    def _register(self, name: str, path: str, scale: float, mapping: tuple, weights: LoraWeights) -> AdapterEntry:
+    def _register(
+        self, name: str, path: str, scale: float, mapping: tuple, weights: LoraWeights
+    ) -> AdapterEntry:
         pairs = [p for modules in weights.values() for p in modules.values()]
         entry = AdapterEntry(
             name=name,
@@ -177,7 +179,10 @@ class AdapterPlane:
             uses.append(AdapterUse(name, entry.version, float(scale), entry.components))
         names = [u.name for u in uses]
         if len(set(names)) != len(names):
-            raise ConfigError(f"adapters {names} name one twice; each may be named once. Fix: name each once.", param="adapters")
+            raise ConfigError(
+                f"adapters {names} name one twice; each may be named once. Fix: name each once.",
+                param="adapters",
+            )
         if len(uses) > self.max_per_request:
             raise ConfigError(
                 f"{len(uses)} adapters requested; this deployment allows at most {self.max_per_request} per "

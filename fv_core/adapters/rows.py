@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -117,7 +117,7 @@ def lora_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> tor
     rows = _ROWS.get()
     if rows is None:
         return None
-    table = module.fv_adapters  # type: ignore[attr-defined]  # adapter key -> LowRank, set by the plane
+    table = cast("dict[str, Any]", module.fv_adapters)  # adapter key -> LowRank, set by the plane
     x = args[0]
     groups: dict[AdapterUse, list[int]] = {}
     for i, row in enumerate(rows):

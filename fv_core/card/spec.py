@@ -174,7 +174,9 @@ class AdapterContract(Spec):
     # "module:Class" of the diffusers LoRA loader mixin whose ``lora_state_dict`` reads (and converts) this
     # family's LoRA files, e.g. "diffusers.loaders.lora_pipeline:WanLoraLoaderMixin"
     loader: str
-    components: list[str] = Field(min_length=1)  # components an adapter may target; the first takes PEFT folders
+    components: list[str] = Field(
+        min_length=1
+    )  # components an adapter may target; the first takes PEFT folders
     scale_range: tuple[float, float] = (-4.0, 4.0)  # scales a request may give an adapter
 
 

@@ -45,8 +45,16 @@ def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") 
         problems.append(f"models: served names {names} repeat. Fix: give each model a unique 'name'.")
     for workflow_id in deploy.workflows:
         if workflow_id in names:
-            problems.append(f"workflows.{workflow_id}: a served model has that name. Fix: rename the workflow.")
-        attempt(check_workflow, workflow_id, deploy.workflows, _card_of(deploy, host), set(map(str, host.registries.rewards)))
+            problems.append(
+                f"workflows.{workflow_id}: a served model has that name. Fix: rename the workflow."
+            )
+        attempt(
+            check_workflow,
+            workflow_id,
+            deploy.workflows,
+            _card_of(deploy, host),
+            set(map(str, host.registries.rewards)),
+        )
     return problems
 
 

@@ -59,7 +59,9 @@ class Images(Workflows):
         seed = raw.pop("seed")
         adapters = [a.model_dump(exclude_none=True) for a in body.adapters]
         requests = [
-            prepare(served, {**raw, "seed": (seed + i) % MAX_SEED}, task, body.plugin_options, parts, adapters)
+            prepare(
+                served, {**raw, "seed": (seed + i) % MAX_SEED}, task, body.plugin_options, parts, adapters
+            )
             for i in range(body.n)
         ]
         first = await self.submit(served, requests[0])  # a full queue refuses the request

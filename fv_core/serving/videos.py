@@ -30,7 +30,6 @@ from fv_core.serving.media import save_atomically
 from fv_core.serving.metrics import Metrics
 from fv_core.serving.schemas import Video, VideoBase, VideoDeleted, VideoList
 from fv_core.serving.stream import VideoChunks, events
-from fv_core.serving.workflows import Workflows
 from fv_core.serving.submission import (
     RECOVER_S,
     WATCH_S,
@@ -40,6 +39,7 @@ from fv_core.serving.submission import (
     prepare,
     raw_params,
 )
+from fv_core.serving.workflows import Workflows
 
 log = logging.getLogger("fv.serving")
 POLL_AFTER_MS = "200"  # hint for the openai client's create_and_poll
@@ -82,7 +82,11 @@ class Videos(Workflows):
         p = request.params
         size = f"{p.width}x{p.height}" if hasattr(p, "width") else "auto"
         seconds = f"{p.num_frames / p.fps:g}" if hasattr(p, "num_frames") and hasattr(p, "fps") else "auto"
-        kept = None if parts else {"raw": raw, "task": task, "plugin_options": body.plugin_options, "adapters": adapters}
+        kept = (
+            None
+            if parts
+            else {"raw": raw, "task": task, "plugin_options": body.plugin_options, "adapters": adapters}
+        )
         video = self.store.create(job_id, served.name, size, seconds, body.prompt, kept, request_id)
         log.info("job %s created by request %s", job_id, request_id)
         self.metrics.requests.labels(served.name, "video").inc()

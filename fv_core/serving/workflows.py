@@ -30,6 +30,7 @@ class Workflows(Jobs):
     """The deploy file's workflows over the served models."""
 
     workflows: dict[str, LoadedWorkflow] = {}  # noqa: RUF012  # set once the models load (Service.start)
+    live: dict[str, str]  # job id -> its engine request id (Videos sets it)
 
     def load_workflows(self) -> dict[str, LoadedWorkflow]:
         """Each workflow bound to the served models (nested ones to each other) and its rewards."""
@@ -39,11 +40,17 @@ class Workflows(Jobs):
             if workflow_id not in out:
                 spec = self.deploy.workflows[workflow_id]
                 models = {
-                    s.model: bind(s.model) if s.model in self.deploy.workflows else self.models[s.model].loaded
+                    s.model: bind(s.model)
+                    if s.model in self.deploy.workflows
+                    else self.models[s.model].loaded
                     for s in spec.stages
                 }
-                rewards = {s.select: self.host.registries.rewards.get(s.select)() for s in spec.stages if s.select}
-                out[workflow_id] = LoadedWorkflow(workflow_id, spec, models, rewards, self.deploy.model_dump(mode="json"))
+                rewards = {
+                    s.select: self.host.registries.rewards.get(s.select)() for s in spec.stages if s.select
+                }
+                out[workflow_id] = LoadedWorkflow(
+                    workflow_id, spec, models, rewards, self.deploy.model_dump(mode="json")
+                )
             return out[workflow_id]
 
         for workflow_id in self.deploy.workflows:
@@ -69,7 +76,9 @@ class Workflows(Jobs):
         except ConfigError as exc:
             raise ApiError(400, str(exc), "invalid_request", exc.param) from None
 
-    async def create_workflow_video(self, flow: LoadedWorkflow, body: VideoBase, request_id: str | None) -> Video:
+    async def create_workflow_video(
+        self, flow: LoadedWorkflow, body: VideoBase, request_id: str | None
+    ) -> Video:
         params = self.workflow_params(flow, body)
         job_id = new_job_id()
         video = self.store.create(job_id, flow.workflow_id, "auto", "auto", body.prompt, None, request_id)
@@ -102,17 +111,25 @@ class Workflows(Jobs):
         try:
             artifact = await self.run_workflow(flow, params, job_id)
             if not isinstance(artifact, VideoArtifact):
-                raise ConfigError(f"workflow {flow.workflow_id!r} ends in {type(artifact).__name__}, not a video")
+                raise ConfigError(
+                    f"workflow {flow.workflow_id!r} ends in {type(artifact).__name__}, not a video"
+                )
             path = self.store.video_path(job_id)
             await asyncio.to_thread(save_atomically, artifact, path)
             count, height, width = artifact.frames.shape[:3]
-            status = "completed" if self.store.complete(job_id, f"{width}x{height}", f"{count / artifact.fps:g}") else "cancelled"
+            status = (
+                "completed"
+                if self.store.complete(job_id, f"{width}x{height}", f"{count / artifact.fps:g}")
+                else "cancelled"
+            )
         except Cancelled as exc:
             self.store.fail(job_id, "cancelled", str(exc))
             status = "cancelled"
         except Exception as exc:  # the job fails with the stage's reason; the server keeps serving
             log.exception("workflow job %s failed", job_id)
-            self.store.fail(job_id, "generation_failed", f"workflow {flow.workflow_id!r}: {type(exc).__name__}: {exc}")
+            self.store.fail(
+                job_id, "generation_failed", f"workflow {flow.workflow_id!r}: {type(exc).__name__}: {exc}"
+            )
         finally:
             self.live.pop(job_id, None)
             self.metrics.jobs.labels(flow.workflow_id, status).inc()
@@ -120,7 +137,10 @@ class Workflows(Jobs):
     async def workflow_images(self, flow: LoadedWorkflow, body: ImageBase) -> list[ImageArtifact]:
         """``n`` runs of an image workflow (seeds seed, seed+1, ...), concurrently on the engine."""
         params = self.workflow_params(flow, body)
-        runs = [params.model_copy(update={"seed": params.seed + i}) if "seed" in flow.spec.params else params for i in range(body.n)]
+        runs = [
+            params.model_copy(update={"seed": params.seed + i}) if "seed" in flow.spec.params else params
+            for i in range(body.n)
+        ]
         artifacts = await asyncio.gather(*(self.run_workflow(flow, p) for p in runs))
         if not all(isinstance(a, ImageArtifact) for a in artifacts):
             raise ApiError(

@@ -21,16 +21,22 @@ def check_workflow(
     """The outputs of ``workflow_id``'s last stage; ConfigError naming the stage and the binding at the
     first problem. ``card_of(served name)``: that model's card (KeyError: not served)."""
     if workflow_id in seen:
-        raise ConfigError(f"workflows: {' -> '.join((*seen, workflow_id))} nests a workflow in itself. Fix: break the cycle.")
+        raise ConfigError(
+            f"workflows: {' -> '.join((*seen, workflow_id))} nests a workflow in itself. Fix: break the cycle."
+        )
     spec = workflows[workflow_id]
     outputs: dict[str, list[str]] = {}
     for i, stage in enumerate(spec.stages):
         where = f"workflows.{workflow_id}.stages[{i}] ({stage.name!r})"
         if stage.name in outputs:
-            raise ConfigError(f"{where}: the name repeats an earlier stage's. Fix: give each stage its own name.")
+            raise ConfigError(
+                f"{where}: the name repeats an earlier stage's. Fix: give each stage its own name."
+            )
         if stage.model in workflows:
-            accepts, fields, made = (), set(workflows[stage.model].params), check_workflow(
-                stage.model, workflows, card_of, rewards, (*seen, workflow_id)
+            accepts, fields, made = (
+                (),
+                set(workflows[stage.model].params),
+                check_workflow(stage.model, workflows, card_of, rewards, (*seen, workflow_id)),
             )
         else:
             accepts, fields, made = _task(where, stage.model, stage.task, card_of)
@@ -75,7 +81,9 @@ def check_workflow(
     return outputs[spec.stages[-1].name]
 
 
-def _task(where: str, model: str, task: str | None, card_of: Callable[[str], Any]) -> tuple[Any, set[str], list[str]]:
+def _task(
+    where: str, model: str, task: str | None, card_of: Callable[[str], Any]
+) -> tuple[Any, set[str], list[str]]:
     """What a served model's task accepts as parts, its params and its outputs."""
     try:
         card = card_of(model)
@@ -86,7 +94,9 @@ def _task(where: str, model: str, task: str | None, card_of: Callable[[str], Any
         ) from None
     task = task or card.tasks[0]
     if task not in card.programs:
-        raise ConfigError(f"{where}: {card.model_id!r} has no task {task!r}; its tasks are {card.tasks}. Fix: name one.")
+        raise ConfigError(
+            f"{where}: {card.model_id!r} has no task {task!r}; its tasks are {card.tasks}. Fix: name one."
+        )
     loop = card.loops[card.programs[task].stages[0]]
     params = resolve_lazy(card.params_of(task))
     return loop.accepts, set(params.model_fields), list(card.programs[task].outputs)

@@ -27,6 +27,9 @@ from fv_core.registry import resolve_lazy
 from fv_core.request.parts import image_part
 from fv_core.workflow.spec import REQUEST, StageSpec, WorkflowSpec
 
+# yields (served model, requests) per stage, is sent their results (None to start), returns the artifact
+Plan = Generator[tuple[str, list[Any]], Any, Any]
+
 
 @dataclass
 class LoadedWorkflow:
@@ -56,7 +59,9 @@ class LoadedWorkflow:
         try:
             return cls.model_validate({k: v for k, v in raw.items() if v is not None})
         except ValidationError as exc:
-            raise ConfigError(explain(exc, f"request to workflow {self.workflow_id!r}", cls.model_fields)) from None
+            raise ConfigError(
+                explain(exc, f"request to workflow {self.workflow_id!r}", cls.model_fields)
+            ) from None
 
     def generate(self, **params: Any) -> Any:
         """Run the workflow here, each stage's requests as one batch on an engine; returns its last stage's
@@ -65,7 +70,7 @@ class LoadedWorkflow:
         from fv_core.runtime import Engine
 
         plan = self.plan(self.prepare(params).model_dump())
-        results = None
+        results: list[Any] | None = None
         with torch.inference_mode():
             while True:
                 try:
@@ -78,14 +83,14 @@ class LoadedWorkflow:
         """:meth:`generate` on someone else's engine: ``await execute(model, requests)`` runs each stage's
         requests (a server submits them to its engine, where they batch with everything else)."""
         plan, results = self.plan(params.model_dump()), None
-        while True:
+        while True:  # (the first send is None: it starts the generator)
             try:
                 model, requests = plan.send(results)
             except StopIteration as done:
                 return done.value
             results = await execute(model, requests)
 
-    def plan(self, request: dict[str, Any]) -> Generator[tuple[str, list], list, Any]:
+    def plan(self, request: dict[str, Any]) -> Plan:
         """The workflow as a generator: it yields ``(served model, requests)`` for each stage and is sent
         their results; it returns the final artifact."""
         start = time.perf_counter()
@@ -108,7 +113,7 @@ class LoadedWorkflow:
 
     # -- stages ------------------------------------------------------------------------------
 
-    def _stage(self, stage: StageSpec, request: dict[str, Any], done: dict[str, Any]) -> Generator:
+    def _stage(self, stage: StageSpec, request: dict[str, Any], done: dict[str, Any]) -> Plan:
         """One stage: its bound params and parts, its request (or ``fan_out`` candidates, seeds ``seed`` ..
         ``seed + N - 1``, the ``select`` reward keeping the best); returns its artifact."""
         model = self.models[stage.model]
@@ -139,7 +144,7 @@ class LoadedWorkflow:
             return candidates[0]
         frames = torch.stack([torch.from_numpy(_frames(a)) for a in candidates])
         prompts = [str(getattr(r.params, "prompt", "")) for r in requests]
-        scores = [float(s) for s in self.rewards[stage.select](frames, prompts)]
+        scores = [float(s) for s in self.rewards[str(stage.select)](frames, prompts)]
         best = int(np.argmax(scores))
         provenance = {
             **candidates[best].provenance,

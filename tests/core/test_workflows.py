@@ -37,7 +37,9 @@ def test_t2i_to_i2v_equals_its_stages_by_hand(host, plan):
         out = flow.generate(prompt="a lantern on a table", seed=3, num_frames=5)
         t2i, i2v = flow.models["wan-t2i"], flow.models["wan-i2v"]
         still = t2i.generate(task="t2i", prompt="a lantern on a table", seed=3)
-        by_hand = i2v.generate(task="i2v", image=still.image, prompt="a lantern on a table", seed=3, num_frames=5)
+        by_hand = i2v.generate(
+            task="i2v", image=still.image, prompt="a lantern on a table", seed=3, num_frames=5
+        )
     assert np.array_equal(out.frames, by_hand.frames)
     prov = out.provenance
     assert prov["workflow"] == "t2i-to-i2v" and list(prov["stages"]) == ["still", "motion"]
@@ -53,7 +55,8 @@ def test_best_of_n_keeps_the_candidate_the_detector_scores_best(host, plan):
     with torch.no_grad():
         out = flow.generate(prompt=prompt, seed=10)
         requests = [
-            shapes.prepare({"prompt": prompt, "seed": 10 + i, "guidance_scale": 4.0}, task="t2v") for i in range(4)
+            shapes.prepare({"prompt": prompt, "seed": 10 + i, "guidance_scale": 4.0}, task="t2v")
+            for i in range(4)
         ]
         results = Engine().run_batched([shapes.job(r) for r in requests])
     frames = torch.stack([r.outputs["frames"] for r in results])
@@ -68,8 +71,14 @@ def test_best_of_n_keeps_the_candidate_the_detector_scores_best(host, plan):
     ("change", "words"),
     [
         ({"model": "nope"}, r"stages\[1\] \('motion'\): model 'nope' is not served .*Fix: add it"),
-        ({"task": "t2v", "model": "wan-t2i"}, r"bind\.image: the stage's task takes no image .*Fix: use a task"),
-        ({"bind": {"prompt": "request.style"}}, r"bind\.prompt: request\.style is not a param of the workflow"),
+        (
+            {"task": "t2v", "model": "wan-t2i"},
+            r"bind\.image: the stage's task takes no image .*Fix: use a task",
+        ),
+        (
+            {"bind": {"prompt": "request.style"}},
+            r"bind\.prompt: request\.style is not a param of the workflow",
+        ),
         ({"bind": {"image": "motion.image"}}, r"bind\.image: motion\.image names no earlier stage's output"),
         ({"bind": {"cfg": "request.prompt"}}, r"bind\.cfg: cfg is not a param of the stage's task"),
         ({"fan_out": 2}, r"fan_out=2 with select=None; .*Fix: set both"),
@@ -133,14 +142,19 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
         listed = {m.id: m for m in client.models.list().data}
         assert listed["t2i-to-i2v"].workflow and not listed["wan-t2i"].workflow
         done = client.videos.create_and_poll(
-            prompt="a lantern", model="t2i-to-i2v", poll_interval_ms=20, extra_body={"seed": 4, "num_frames": 5}
+            prompt="a lantern",
+            model="t2i-to-i2v",
+            poll_interval_ms=20,
+            extra_body={"seed": 4, "num_frames": 5},
         )
         assert done.status == "completed", done.error
         mp4 = server.service.store.video_path(done.id)
         served, served_bytes = json.loads(mp4.with_suffix(".json").read_text()), mp4.read_bytes()
         images = client.images.generate(prompt="a lantern", model="still", n=2, extra_body={"seed": 4})
         assert len(images.data) == 2 and images.data[0].b64_json != images.data[1].b64_json
-        with pytest.raises(openai.BadRequestError, match="takes the params .*also sets \\['guidance_scale'\\]"):
+        with pytest.raises(
+            openai.BadRequestError, match="takes the params .*also sets \\['guidance_scale'\\]"
+        ):
             client.videos.create(prompt="x", model="t2i-to-i2v", extra_body={"guidance_scale": 2.0})
         failed = client.videos.create_and_poll(
             prompt="x", model="t2i-to-i2v", poll_interval_ms=20, extra_body={"num_frames": 6}

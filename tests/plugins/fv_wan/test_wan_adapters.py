@@ -32,8 +32,12 @@ def lora_pairs(model: torch.nn.Module, seed: int, rank: int = 4, prefix: str = "
     for i, _ in enumerate(model.blocks):
         for name in TARGETS:
             linear = model.get_submodule(f"blocks.{i}.{name}")
-            out[f"{prefix}.blocks.{i}.{name}.lora_A.weight"] = torch.randn(rank, linear.in_features, generator=g) * 0.3
-            out[f"{prefix}.blocks.{i}.{name}.lora_B.weight"] = torch.randn(linear.out_features, rank, generator=g) * 0.3
+            out[f"{prefix}.blocks.{i}.{name}.lora_A.weight"] = (
+                torch.randn(rank, linear.in_features, generator=g) * 0.3
+            )
+            out[f"{prefix}.blocks.{i}.{name}.lora_B.weight"] = (
+                torch.randn(linear.out_features, rank, generator=g) * 0.3
+            )
     return out
 
 
@@ -55,7 +59,9 @@ def lora_files(model, tmp_path_factory):
     save_file(style, root / "style.safetensors")
     strip = {k.removeprefix("transformer."): v for k, v in lora_pairs(dit, 2).items()}
     WanPipeline.save_lora_weights(
-        root / "motion", strip, transformer_lora_adapter_metadata={"r": 4, "lora_alpha": 8, "target_modules": list(TARGETS)}
+        root / "motion",
+        strip,
+        transformer_lora_adapter_metadata={"r": 4, "lora_alpha": 8, "target_modules": list(TARGETS)},
     )
     original = {}
     for key, value in lora_pairs(dit, 3).items():  # original Wan's names: self_attn.q, ffn.0, lora_down/up
@@ -77,7 +83,9 @@ def te_state(model) -> dict:
     """A text-encoder LoRA (diffusers' key layout) on every attention query and value of UMT5."""
     encoder = model.component("text_encoder")
     g = torch.Generator().manual_seed(5)
-    names = [n for n, m in encoder.named_modules() if isinstance(m, torch.nn.Linear) and n.endswith((".q", ".v"))]
+    names = [
+        n for n, m in encoder.named_modules() if isinstance(m, torch.nn.Linear) and n.endswith((".q", ".v"))
+    ]
     state = {}
     for n in names:
         linear = encoder.get_submodule(n)
@@ -154,14 +162,22 @@ def test_text_encoder_lora_matches_peft_on_diffusers_text_encoder(model, plane, 
     injected into the pipeline's own text encoder."""
     from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
 
-    names = sorted({k.removeprefix("text_encoder.").removesuffix(".lora_A.weight") for k in te_state if "lora_A" in k})
+    names = sorted(
+        {k.removeprefix("text_encoder.").removesuffix(".lora_A.weight") for k in te_state if "lora_A" in k}
+    )
     config = LoraConfig(r=2, lora_alpha=2, target_modules=names)
     inject_adapter_in_model(config, pipe.text_encoder, adapter_name="te")
-    set_peft_model_state_dict(pipe.text_encoder, {k.removeprefix("text_encoder."): v for k, v in te_state.items()}, "te")
+    set_peft_model_state_dict(
+        pipe.text_encoder, {k.removeprefix("text_encoder."): v for k, v in te_state.items()}, "te"
+    )
     try:
         with torch.no_grad():
             ref_video = pipe(
-                PROMPT, negative_prompt=NEGATIVE, generator=torch.Generator().manual_seed(11), output_type="np", **SMALL
+                PROMPT,
+                negative_prompt=NEGATIVE,
+                generator=torch.Generator().manual_seed(11),
+                output_type="np",
+                **SMALL,
             ).frames[0]
     finally:
         from peft.tuners.tuners_utils import BaseTunerLayer
@@ -178,15 +194,24 @@ def test_different_adapters_share_one_batched_step_and_equal_their_solo_runs(mod
     asks = [[("style", 0.8)], [], [("original", 0.5), ("style", 0.3)], [("motion", 1.0)]]
     alone = [ours(model, a, seed=i) for i, a in enumerate(asks)]
     steps = BatchCount()
-    engine = Engine(observers=[steps], scheduling=SchedulingPolicy("fair"))  # fair: every compatible step batched
+    engine = Engine(
+        observers=[steps], scheduling=SchedulingPolicy("fair")
+    )  # fair: every compatible step batched
     items = [
-        (WanLoop(model), front(model).prepare({**BASE, **SMALL, "seed": i}, request_id=f"r{i}", adapters=a), model)
+        (
+            WanLoop(model),
+            front(model).prepare({**BASE, **SMALL, "seed": i}, request_id=f"r{i}", adapters=a),
+            model,
+        )
         for i, a in enumerate(asks)
     ]
     with torch.no_grad():
         results = engine.run_batched(items)
     for i, (result, solo) in enumerate(zip(results, alone, strict=True)):
-        assert np.abs(result.outputs["frames"].numpy() - solo).max() <= model.card.parity.tolerances["frames_batched_cfg"], i
+        assert (
+            np.abs(result.outputs["frames"].numpy() - solo).max()
+            <= model.card.parity.tolerances["frames_batched_cfg"]
+        ), i
     assert max(steps.sizes) == 4, "all four requests (three adapter sets and none) shared calls"
 
 
@@ -208,7 +233,9 @@ def test_readding_an_adapter_bumps_only_its_version(model, plane, lora_files, tm
     plane.add("style", tmp_path / "style2.safetensors")
     after = {n: e.version for n, e in plane.entries.items()}
     assert after["style"] != before["style"]
-    assert {n: v for n, v in after.items() if n != "style"} == {n: v for n, v in before.items() if n != "style"}
+    assert {n: v for n, v in after.items() if n != "style"} == {
+        n: v for n, v in before.items() if n != "style"
+    }
     plane.add("style", lora_files["style"])
     assert plane.entries["style"].version == before["style"]
 
@@ -223,7 +250,9 @@ def test_bad_adapters_are_refused_clearly(model, plane, tmp_path, lora_files):
         door.prepare({**BASE, **SMALL}, adapters=["style", ("style", 0.5)])
     one = AdapterPlane(model, model.card.adapters, max_per_request=1)
     one.entries = plane.entries
-    with pytest.raises(ConfigError, match="2 adapters requested; this deployment allows at most 1 per request"):
+    with pytest.raises(
+        ConfigError, match="2 adapters requested; this deployment allows at most 1 per request"
+    ):
         one.uses(["style", "motion"])
     (tmp_path / "lora.bin").write_bytes(b"\x80\x04")
     with pytest.raises(ConfigError, match="is a pickle file"):
@@ -243,7 +272,9 @@ def test_bad_adapters_are_refused_clearly(model, plane, tmp_path, lora_files):
     foreign = {"transformer.transformer_blocks.0.attn1.to_q.lora_A.weight": torch.zeros(4, 32)}
     foreign["transformer.transformer_blocks.0.attn1.to_q.lora_B.weight"] = torch.zeros(32, 4)
     save_file(foreign, tmp_path / "foreign.safetensors")
-    with pytest.raises(ConfigError, match="transformer.transformer_blocks.0.attn1.to_q: no such linear layer"):
+    with pytest.raises(
+        ConfigError, match="transformer.transformer_blocks.0.attn1.to_q: no such linear layer"
+    ):
         plane.add("bad", tmp_path / "foreign.safetensors")
     assert "bad" not in plane.entries
     assert np.array_equal(ours(model, [("style", 0.8)]), ours(model, [("style", 0.8)])), "nothing else broke"
@@ -251,7 +282,9 @@ def test_bad_adapters_are_refused_clearly(model, plane, tmp_path, lora_files):
 
 def test_the_lru_keeps_what_running_requests_hold(model, lora_files):
     plane = AdapterPlane(model, model.card.adapters, budget_bytes=1)
-    with pytest.raises(ConfigError, match="over this model's adapter budget of 1. Fix: raise adapter_budget_bytes"):
+    with pytest.raises(
+        ConfigError, match="over this model's adapter budget of 1. Fix: raise adapter_budget_bytes"
+    ):
         plane.add("style", lora_files["style"])
     size = read_size(model, lora_files["style"])
     plane = AdapterPlane(model, model.card.adapters, budget_bytes=int(size * 1.5))
@@ -280,18 +313,24 @@ def test_peft_folder_and_deploy_entry(model, tmp_path, lora_files):
     folder = tmp_path / "peft"
     folder.mkdir()
     tensors = load_file(lora_files["style"])
-    save_file({k.replace("transformer.", "base_model.model.", 1): v for k, v in tensors.items()}, folder / "adapter_model.safetensors")
-    (folder / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 4, "target_modules": list(TARGETS)}))
+    save_file(
+        {k.replace("transformer.", "base_model.model.", 1): v for k, v in tensors.items()},
+        folder / "adapter_model.safetensors",
+    )
+    (folder / "adapter_config.json").write_text(
+        json.dumps({"r": 4, "lora_alpha": 4, "target_modules": list(TARGETS)})
+    )
     plane = AdapterPlane(model, model.card.adapters)
     assert plane.add("peft", folder).components == ("transformer",)
-    assert read_lora(folder, model.card.adapters.loader, model.card.adapters.components, "transformer").keys() == {"transformer"}
+    assert read_lora(
+        folder, model.card.adapters.loader, model.card.adapters.components, "transformer"
+    ).keys() == {"transformer"}
 
 
 def test_interleave_gate_across_adapters_with_cache_dit(model, plane):
     """Requests with different adapters (and none), FBCache on: interleaved step by step equals serial,
     bit for bit, and the cache decides per request (its residuals are the request's own)."""
     from fv_cache_dit import FBCache
-
     from fv_core.parity import assert_interleave_parity
 
     asks = [[("style", 0.8)], [], [("motion", 1.0), ("te", 0.5)]]
@@ -319,8 +358,9 @@ def test_a14b_adapter_into_both_experts_or_one(variant_folders, wan_host, tmp_pa
     """Wan2.2 A14B, each expert separately: a transformer LoRA into the second (low-noise) expert alone
     equals diffusers' ``load_lora_weights(..., load_into_transformer_2=True)``; into both, diffusers
     loading it into each."""
-    import fv_core
     from diffusers import WanPipeline
+
+    import fv_core
 
     folder = variant_folders["t2v-a14b", "second"]
     model = fv_core.load(weights=folder, host=wan_host)
@@ -328,7 +368,9 @@ def test_a14b_adapter_into_both_experts_or_one(variant_folders, wan_host, tmp_pa
     save_file(lora_pairs(model.instance.component("transformer"), 7), path)
     model.instance.adapters.add("both", path, into={"transformer": ["transformer", "transformer_2"]})
     model.instance.adapters.add("low", path, into={"transformer": ["transformer_2"]})
-    settings = dict(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=5, height=32, width=48, num_inference_steps=6)
+    settings = dict(
+        prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=5, height=32, width=48, num_inference_steps=6
+    )
     settings["guidance_scale"] = 3.0
     settings["guidance_scale_2"] = 2.0
     with torch.no_grad():

@@ -558,12 +558,17 @@ def test_a_session_keeps_the_adapter_it_started_with(model, tmp_path):
 
     from fv_core.adapters import random_lora
 
-    save_file(random_lora(model.instance.component("transformer"), ("attn1.to_q", "ffn.net.2"), seed=2), tmp_path / "s.safetensors")
+    save_file(
+        random_lora(model.instance.component("transformer"), ("attn1.to_q", "ffn.net.2"), seed=2),
+        tmp_path / "s.safetensors",
+    )
     model.instance.adapters.add("look", tmp_path / "s.safetensors")
 
     def step(sid, rid, prompt, seed, adapters):
         request = model.prepare(
-            {"prompt": prompt, "num_frames": 9, "seed": seed, "session_id": sid}, request_id=rid, adapters=adapters
+            {"prompt": prompt, "num_frames": 9, "seed": seed, "session_id": sid},
+            request_id=rid,
+            adapters=adapters,
         )
         return run(model, request)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from fv_core import ConfigError
 from fv_core.adapters import adapter_tag
-from fv_core.loop import LoopState
 from fv_core.kv import KVSeq, PagedKVPool
+from fv_core.loop import LoopState
 
 DEFAULT_TTL_S = 600.0
 MAX_TTL_S = 24 * 3600.0
@@ -114,7 +114,9 @@ class Sessions:
                     param="session_id",
                 )
             if session.shape is not None and session.shape != shape:
-                differ = {k: (shape[k], session.shape.get(k)) for k in SHAPE if shape[k] != session.shape.get(k)}
+                differ = {
+                    k: (shape[k], session.shape.get(k)) for k in SHAPE if shape[k] != session.shape.get(k)
+                }
                 raise ConfigError(
                     f"session {sid!r} was started with {session.shape}; this request changes "
                     f"{ {k: v[0] for k, v in differ.items()} }, which its cached frames cannot follow. "

@@ -13,8 +13,8 @@ import re
 
 import torch
 
-from fv_core.cache import CacheKey, RepeatedTail, fold_tail
 from fv_core.adapters import adapter_tag
+from fv_core.cache import CacheKey, RepeatedTail, fold_tail
 from fv_core.loop import LoopState, pinned
 
 
@@ -58,7 +58,11 @@ def kv_keys(instance, state: LoopState, expert: str) -> list[CacheKey]:
             pinned(state, expert),
             k.content_hash,
             # the text encoder's adapters are in k.extra; the expert's (its cross-attention projections) here
-            tuple(sorted((*k.extra, ("text_encoder_version", te), ("expert_adapters", adapter_tag(state, expert))))),
+            tuple(
+                sorted(
+                    (*k.extra, ("text_encoder_version", te), ("expert_adapters", adapter_tag(state, expert)))
+                )
+            ),
         )
         for k in text_keys(instance, state)
     ]
