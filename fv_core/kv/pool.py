@@ -10,6 +10,7 @@ request's ``LoopState``. The pool owns the storage and one reference count per p
 - ``fork`` makes a second sequence over the same pages (a shared prefix: CFG contexts, a system
   prompt) without copying them;
 - ``release`` drops a sequence's references; pages nobody references return to the free list;
+- ``truncate`` cuts a sequence to its first tokens (a shorter prefix of the same pages);
 - ``gather`` copies sequences into step inputs padded to one length, with a mask of real tokens, so a
   step body stays a pure function of its inputs.
 
@@ -18,11 +19,16 @@ resident bytes. Its pages are a budget of their own: admission ``reserve``s each
 before the request runs and ``unreserve``s it when the request leaves, so admitted requests never run
 out of pages; the count lives on the pool, shared by every engine that admits onto it. Running out of
 pages (a writer that reserved nothing, or less than it wrote) raises :class:`KVPoolFull`.
+
+Pages kept for later requests (a :class:`~fv_core.kv.prefix.PrefixCache` holds one reference on each)
+are not promised to anyone: when the free list runs dry, the pool asks its ``reclaim`` callback (the
+cache's eviction of unreferenced prefixes) for pages before it refuses.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -81,7 +87,8 @@ class PagedKVPool:
         self.refs = [0] * num_pages
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out the lowest id first
         self.reserved_pages = 0  # pages admission promised to admitted requests (their worst case)
-        self._lock = threading.Lock()
+        self.reclaim: Callable[[], bool] | None = None  # frees one held-but-unused page (a cache's eviction)
+        self.lock = threading.RLock()  # the pool's and its cache's state (a cache evicts under it)
 
     @property
     def num_pages(self) -> int:
@@ -102,7 +109,7 @@ class PagedKVPool:
 
     def reserve(self, pages: int) -> bool:
         """Promise ``pages`` more pages if the promises fit the pool, else False (nothing reserved)."""
-        with self._lock:
+        with self.lock:
             if self.reserved_pages + pages > self.num_pages:
                 return False
             self.reserved_pages += pages
@@ -110,10 +117,12 @@ class PagedKVPool:
 
     def unreserve(self, pages: int) -> None:
         """Take back a promise of ``pages`` pages (its request left)."""
-        with self._lock:
+        with self.lock:
             self.reserved_pages -= pages
 
     def _take(self) -> int:
+        while not self._free and self.reclaim is not None and self.reclaim():
+            pass
         if not self._free:
             raise KVPoolFull(
                 f"the KV pool's {self.num_pages} pages of {self.page_size} tokens ({self.nbytes} bytes) are all in "
@@ -128,9 +137,21 @@ class PagedKVPool:
         if self.refs[page] == 0:
             self._free.append(page)
 
+    def hold(self, pages: list[int]) -> None:
+        """One more reference on each of ``pages`` (a holder that is not a sequence: a prefix cache)."""
+        with self.lock:
+            for page in pages:
+                self.refs[page] += 1
+
+    def drop(self, pages: list[int]) -> None:
+        """Give back references taken by :meth:`hold` (pages nobody references return to the free list)."""
+        with self.lock:
+            for page in pages:
+                self._drop(page)
+
     def append(self, seq: KVSeq, k: torch.Tensor, v: torch.Tensor) -> KVSeq:
         """``seq`` with tokens ``k``, ``v`` (``[layers, kv_heads, T, head_dim]``) written after its last one."""
-        with self._lock:
+        with self.lock:
             pages, length, total = list(seq.pages), seq.length, k.shape[2]
             taken: list[int] = []
             try:
@@ -162,16 +183,22 @@ class PagedKVPool:
 
     def fork(self, seq: KVSeq) -> KVSeq:
         """A second sequence over ``seq``'s pages (no copy until one of them writes to a shared page)."""
-        with self._lock:
+        with self.lock:
             for page in seq.pages:
                 self.refs[page] += 1
             return KVSeq(list(seq.pages), seq.length)
 
+    def truncate(self, seq: KVSeq, length: int) -> KVSeq:
+        """``seq`` cut to its first ``length`` tokens (its pages past them released)."""
+        if not 0 <= length <= seq.length:
+            raise ValueError(f"truncate to {length} tokens, but the sequence holds {seq.length}")
+        keep = self.pages_for(length)
+        self.drop(seq.pages[keep:])
+        return KVSeq(list(seq.pages[:keep]), length)
+
     def release(self, seq: KVSeq) -> None:
         """Drop ``seq``'s references (its pages return to the pool when no other sequence holds them)."""
-        with self._lock:
-            for page in seq.pages:
-                self._drop(page)
+        self.drop(seq.pages)
 
     def read(self, seq: KVSeq) -> tuple[torch.Tensor, torch.Tensor]:
         """``seq``'s keys and values, ``[layers, kv_heads, length, head_dim]`` each (a copy)."""

@@ -81,3 +81,11 @@ def test_a_pool_made_in_inference_mode_is_written_outside_it():
         seq = pool.append(KVSeq(), *tokens(2, 0))
     seq = pool.append(seq, *tokens(2, 1))
     assert seq.length == 4
+
+
+def test_truncate_keeps_a_prefix_and_releases_the_rest():
+    pool = PagedKVPool(2, 3, 4, page_size=4, num_pages=8)
+    seq = pool.append(KVSeq(), *tokens(10, 0))
+    cut = pool.truncate(seq, 5)
+    assert cut.length == 5 and cut.pages == seq.pages[:2] and pool.used_pages == 2
+    assert torch.equal(pool.read(cut)[0], pool.read(KVSeq(seq.pages, 10))[0][:, :, :5])
