@@ -101,6 +101,11 @@ class DeploymentCard(Strict):
     workflows: dict[str, WorkflowSpec] = Field(default_factory=dict)  # id -> stages over the served models
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # plugin -> options
     data_dir: str | None = None  # jobs database and artifacts; None: $FV_DATA_DIR or the user's data dir
+    # the job database: sqlite:///path/jobs.sqlite3 or postgresql://user:pw@host:port/db (a fleet across
+    # hosts); None: SQLite in the data dir
+    store: str | None = Field(None, pattern=r"^(sqlite:///|postgres(ql)?://)")
+    # where artifacts live: a folder every node mounts (file:///path) or s3://bucket/prefix; None: the data dir
+    artifacts: str | None = Field(None, pattern=r"^(file:///|s3://[^/]+)")
     # "bitwise": a seeded request's output never depends on what else is running (steps are not batched
     # across requests); "batched": compatible steps of different requests share calls (faster, and equal
     # to a solo run only within the card's batched tolerance)
