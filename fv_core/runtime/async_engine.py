@@ -93,9 +93,15 @@ class AsyncEngine:
         for future in list(self._boundary):  # queued behind the stop: they never run
             future.cancel()
 
-    async def submit(self, loop: Any, request: Any, instance: Any) -> str:
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted whose result was not yet taken."""
+        return len(self._records)
+
+    async def submit(self, loop: Any, request: Any, instance: Any, deadline: float | None = None) -> str:
         """Queue a request without waiting for the worker; returns its id. Raises QueueFull when the
-        requests in flight fill the budget's running and waiting places."""
+        requests in flight fill the budget's running and waiting places. ``deadline``: the wall-clock
+        (``time.monotonic``) time its work is due; deadline work runs first, earliest first (policy.py)."""
         rid = request.request_id
         if rid in self._records:
             raise ConfigError(f"request_id {rid!r} is already in flight. Fix: use a unique id.")
@@ -111,7 +117,7 @@ class AsyncEngine:
 
         def command() -> None:
             try:
-                self._sched.submit(loop, request, instance)
+                self._sched.submit(loop, request, instance, deadline=deadline)
             except BaseException as exc:  # refused or failed to start: it ends on its stream
                 self._on_event(StreamEvent("error", rid, data=exc))
 

@@ -14,6 +14,13 @@
   probed with two rows, and re-probed after ``probe_every`` calls alone, so the curve is measured,
   never assumed.
 
+Deadline work (a real-time session's chunk, submitted with a ``deadline``: the wall-clock time by
+which its frames must be out) goes first under every policy, earliest deadline first (EDF): ``fair``
+orders its calls by deadline, ``fifo`` serves the earliest deadline before the oldest request, and
+``auto`` makes the earliest deadline its lead, its compatible peers (deadline work first, by
+deadline) joining its call as the batch curve allows. EDF meets every deadline whenever any order
+can on one server, so the load admission lets in (``fv_core.runtime.deadlines``) is what decides.
+
 Ages, remaining work and solo times are counted in one currency, the scheduler's clock: the predicted
 seconds of the calls it ran (a batch curve's where measured, else the calibrated plans), so a decision
 depends on the cost model's predictions only, never on the wall time of the tick it is made in.
@@ -77,6 +84,7 @@ class Candidate:
     remaining_s: float  # predicted seconds of all its remaining work alone
     due: float  # scheduler clock at which it becomes late (see the module docstring)
     seq: int  # submit order (tie-break)
+    deadline: float | None = None  # wall-clock time its work is due (None: no deadline)
 
 
 @dataclass(slots=True)
@@ -94,18 +102,27 @@ class Decisions:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
+def edf_key(item: Any) -> tuple[bool, float, int]:
+    """Sort key of a Candidate or scheduler Entry: deadline work first, earliest deadline first, then
+    submit order."""
+    return (item.deadline is None, item.deadline if item.deadline is not None else 0.0, item.seq)
+
+
 def pick_auto(
     cands: list[Candidate], cost: CostModel, policy: SchedulingPolicy, clock: float, last: Any, max_rows: int
 ) -> tuple[list[Candidate], str]:
     """The call to make: the lead first, then the peers that join it; and why (alone / batch / probe)."""
+    timed = [c for c in cands if c.deadline is not None]
     late = [c for c in cands if c.due <= clock]
-    if late:  # a late lead keeps the lead until it is done: late requests are not preempted
+    if timed:  # deadline work first, earliest deadline first
+        lead = min(timed, key=edf_key)
+    elif late:  # a late lead keeps the lead until it is done: late requests are not preempted
         lead = min(late, key=lambda c: (c.entry is not last, c.due, c.seq))
     else:  # ties keep the lead of the last call: no preemption that gains nothing
         lead = min(cands, key=lambda c: (c.remaining_s, c.entry is not last, c.seq))
     peers = sorted(
         (c for c in cands if c is not lead and c.key is not None and c.key == lead.key),
-        key=lambda c: (c.remaining_s, c.seq),
+        key=lambda c: (*edf_key(c)[:2], c.remaining_s, c.seq),
     )
     peers = [c for c in peers if lead.rows + c.rows <= max_rows]
     if not peers:

@@ -1,36 +1,27 @@
 """The step scheduler: schedule -> execute -> update, one tick at a time.
 
-Each tick (``step``): drop cancelled requests at the step boundary, admit
-waiting requests while the named budgets allow (AdmissionController), plan
-each running request's next WorkUnit, let the policy (``SchedulerConfig.policy``,
-see policy.py: fair / fifo / auto) pick the calls to make, run them, fold the
-results back (LoopRunner.complete), stream events, and finish loops that
-returned Done (refunding their reservation). Each call is priced before it
-runs (batch curve, else the calibrated plans) and measured after: the
-measurement feeds the batch curve and the prediction advances the scheduler's
-clock, on which the auto policy counts ages. A batched call that runs out of
-memory is split and its rows retried alone (oom.py). All per-request state
-lives in the requests' LoopStates; the scheduler holds only queues and
-reservations.
+Each tick (``step``): drop cancelled requests at the step boundary, admit waiting requests while the named
+budgets allow (AdmissionController), plan each running request's next WorkUnit, let the policy
+(``SchedulerConfig.policy``, see policy.py: fair / fifo / auto) pick the calls to make, run them, fold the
+results back (LoopRunner.complete), stream events, and finish loops that returned Done (refunding their
+reservation). Each call is priced before it runs (batch curve, else the calibrated plans) and measured after:
+the measurement feeds the batch curve and the prediction advances the scheduler's clock, on which the auto
+policy counts ages. A batched call that runs out of memory is split and its rows retried alone (oom.py). All
+per-request state lives in the requests' LoopStates; the scheduler holds only queues and reservations.
 
-Loops may define ``estimate(state) -> (raw_seconds, peak_bytes)`` for their
-remaining work; otherwise admission budgets the first plan's cost times the
-remaining steps (``total_steps``, or ``open_loop_steps`` when unknown). Loops
-that write a paged KV pool define ``kv_need(state) -> (pool, pages)``: the
-most pages the stage holds at once (pages it already holds included, e.g.
-those an earlier program stage handed it); a request is admitted only when
-the pool has that many pages unpromised, so it waits instead of running out.
-A program stage's reservation is returned before the next stage's is made,
-and the next stage goes ahead of new requests, so pages one stage hands the
-next are counted once, and this scheduler admits nobody else meanwhile.
+Loops may define ``estimate(state) -> (raw_seconds, peak_bytes)`` for their remaining work; otherwise
+admission budgets the first plan's cost times the remaining steps (``total_steps``, or ``open_loop_steps``
+when unknown). Loops that write a paged KV pool define ``kv_need(state) -> (pool, pages)``: the most pages the
+stage holds at once (pages it already holds included, e.g. those an earlier program stage handed it); a
+request is admitted only when the pool has that many pages unpromised, so it waits instead of running out. A
+program stage's reservation is returned before the next stage's is made, and the next stage goes ahead of new
+requests, so pages one stage hands the next are counted once, and this scheduler admits nobody else meanwhile.
 
-``at_boundary(fn)`` runs ``fn(scheduler)`` at the start of the next tick, before
-cancellations and admission: no step runs and nothing is admitted meanwhile
-(a weight sync swaps weights there). Loops that pin their weights at init
-(``state.values["weights_versions"]``: component -> version) keep them across a
-sync; when a request leaves, an instance with retired versions
-(``retired_versions``) frees those no live request pins (``release_versions``;
-``pins(instance)`` lists them).
+``at_boundary(fn)`` runs ``fn(scheduler)`` at the start of the next tick, before cancellations and admission:
+no step runs and nothing is admitted meanwhile (a weight sync swaps weights there). Loops that pin their
+weights at init (``state.values["weights_versions"]``: component -> version) keep them across a sync; when a
+request leaves, an instance with retired versions (``retired_versions``) frees those no live request pins
+(``release_versions``; ``pins(instance)`` lists them).
 """
 
 from __future__ import annotations
@@ -52,7 +43,7 @@ from fv_core.runtime.admission import AdmissionController, Estimate, Reservation
 from fv_core.runtime.batching import Batch, Outcome, group_calls, measured_s, run_batch
 from fv_core.runtime.cost import CostModel, calibration_key, curve_key
 from fv_core.runtime.oom import OOM_ERRORS, out_of_memory, retry_alone
-from fv_core.runtime.policy import Candidate, Decisions, SchedulingPolicy, pick_auto
+from fv_core.runtime.policy import Candidate, Decisions, SchedulingPolicy, edf_key, pick_auto
 
 WorkItem = tuple[Loop | Program, Any, Any]  # (loop or program, request, instance)
 
@@ -88,6 +79,7 @@ class Entry:
     cancel_reason: str | None = None  # set by cancel(), applied at the next step boundary
     phase: str = "new"  # new -> waiting -> running -> finished
     seq: int = 0  # submit order (FIFO tie-break)
+    deadline: float | None = None  # wall-clock time its work is due (real-time sessions; see policy.py)
     arrived: float = 0.0  # scheduler clock at submit
     served_s: float = 0.0  # predicted seconds of the steps it ran, each priced alone
     started: bool = False  # ran a step
@@ -156,9 +148,15 @@ class Scheduler:
     # -- intake -------------------------------------------------------------------------------------
 
     def submit(
-        self, runnable: Loop | Program, request: Any, instance: Any, state: LoopState | None = None
+        self,
+        runnable: Loop | Program,
+        request: Any,
+        instance: Any,
+        state: LoopState | None = None,
+        deadline: float | None = None,
     ) -> Entry:
-        """Queue a request; raises QueueFull, AdmissionInfeasible, or ConfigError for a duplicate id."""
+        """Queue a request (``deadline``: see policy.py); raises QueueFull, AdmissionInfeasible, or
+        ConfigError for a duplicate id."""
         if request.request_id in self.entries:
             raise ConfigError(f"request_id {request.request_id!r} is already in flight; use a unique id")
         if state is None:
@@ -172,7 +170,7 @@ class Scheduler:
                 f"retry after {retry:.3f} s",
                 retry_after_s=retry,
             )
-        entry = Entry(request, runnable, instance, seq=next(self._seq), arrived=self.clock)
+        entry = Entry(request, runnable, instance, seq=next(self._seq), arrived=self.clock, deadline=deadline)
         self._start_stage(entry, state)
         self.entries[entry.request_id] = entry
         self._enqueue(entry, rank=1)
@@ -234,10 +232,11 @@ class Scheduler:
         limit = (self.config.max_units_per_tick if policy == "fair" else 0) or len(self.running)
         selected, finished = self._ready(limit)
         calls: list[Call] = []
-        if selected and policy == "fair":
-            calls = group_calls(selected, self.config.batching, self.config.max_batch_rows)
-        elif selected and policy == "fifo":  # the oldest; none while the oldest finishes its stage
-            calls = [e for e in [min(selected + finished, key=lambda e: e.seq)] if e in selected]
+        if selected and policy == "fair":  # deadline work first (stable: the rest least recently served)
+            ordered = sorted(selected, key=lambda e: edf_key(e)[:2])
+            calls = group_calls(ordered, self.config.batching, self.config.max_batch_rows)
+        elif selected and policy == "fifo":  # earliest deadline, else the oldest; none while it finishes
+            calls = [e for e in [min(selected + finished, key=edf_key)] if e in selected]
         elif selected:
             calls = [self._pick_auto(selected)]
         out = SchedulerOutput(calls, finished)
@@ -343,7 +342,8 @@ class Scheduler:
         scale = step_s / predicted if predicted > 0 else 1.0  # the estimate in the clock's currency
         left = max(self._remaining(entry) * scale, step_s)  # at least its next step (an estimate may omit it)
         due = policy.due(entry.arrived, entry.served_s + left, left, entry.started)  # solo: done + left
-        return Candidate(entry, curve_key(state, plan), plan.batch_size, step_s, left, due, entry.seq)
+        key = curve_key(state, plan)
+        return Candidate(entry, key, plan.batch_size, step_s, left, due, entry.seq, entry.deadline)
 
     def _price(self, call: Call) -> Priced:
         """A call's batch curve key, rows and predicted seconds (see CostModel.price_call); counted."""
