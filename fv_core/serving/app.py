@@ -30,7 +30,7 @@ from fv_core.deploy.card import DeploymentCard
 from fv_core.load import checkpoint_card
 from fv_core.plugins import PluginHost, load_plugins
 from fv_core.registry import resolve_lazy
-from fv_core.serving import adapters, chat, images, sessions, status, videos, weights
+from fv_core.serving import adapters, chat, images, sessions, status, videos, weights, ws
 from fv_core.serving.errors import ApiError, add_error_handlers
 from fv_core.serving.jobs import JobStore, default_data_dir
 from fv_core.serving.metrics import Metrics
@@ -64,9 +64,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = JobStore(
-            data_dir or deploy.data_dir or default_data_dir(), deploy.retention.max_age_s, owner=replica
-        )
+        root = data_dir or deploy.data_dir or default_data_dir()
+        store = JobStore(root, deploy.retention.max_age_s, replica, deploy.store, deploy.artifacts)
         service = Service(deploy, plugins, store, metrics, device)
         try:
             await service.start()
@@ -104,6 +103,7 @@ def create_app(
     v1.include_router(adapters.router())
     v1.include_router(status.router())
     app.include_router(v1, prefix="/v1")
+    app.include_router(ws.router(api_key), prefix="/v1")  # the key is checked on the socket
     app.include_router(status.probes(metrics, replica))
     return app
 

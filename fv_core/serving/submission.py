@@ -240,9 +240,8 @@ def prepare(
         raise ApiError(400, str(exc), code, exc.param) from None
 
 
-async def image_parts(upload: object, param: str) -> tuple[ImagePart, ...]:
-    """An uploaded image file as an image part; anything else (or an undecodable or oversized image)
-    answers 400 naming ``param``."""
+async def upload_bytes(upload: object, param: str) -> bytes:
+    """The bytes of an uploaded file; anything else answers 400 naming ``param``."""
     if not isinstance(upload, UploadFile):
         raise ApiError(
             400,
@@ -251,7 +250,18 @@ async def image_parts(upload: object, param: str) -> tuple[ImagePart, ...]:
             "unsupported_parameter",
             param,
         )
+    return await upload.read()
+
+
+async def decode_image(data: bytes, param: str) -> tuple[ImagePart, ...]:
+    """Image bytes as an image part; an undecodable or oversized image answers 400 naming ``param``."""
     try:
-        return (await asyncio.to_thread(image_part, await upload.read()),)
+        return (await asyncio.to_thread(image_part, data),)
     except ConfigError as exc:
         raise ApiError(400, f"{param}: {exc}", "invalid_image", param) from None
+
+
+async def image_parts(upload: object, param: str) -> tuple[ImagePart, ...]:
+    """An uploaded image file as an image part; anything else (or an undecodable or oversized image)
+    answers 400 naming ``param``."""
+    return await decode_image(await upload_bytes(upload, param), param)

@@ -16,12 +16,12 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool
 
 from fv_core.artifacts import VideoArtifact
 from fv_core.deploy.card import DeploymentCard
 from fv_core.errors import AdmissionInfeasible, Cancelled
 from fv_core.plugins import PluginHost
-from fv_core.request import ImagePart
 from fv_core.request import Request as FvRequest
 from fv_core.serving.bodies import body_doc, drop_ignored, read_body, validate
 from fv_core.serving.errors import ApiError
@@ -34,10 +34,11 @@ from fv_core.serving.submission import (
     RECOVER_S,
     WATCH_S,
     ServedModel,
-    image_parts,
+    decode_image,
     pick_task,
     prepare,
     raw_params,
+    upload_bytes,
 )
 from fv_core.serving.workflows import Workflows
 
@@ -71,7 +72,8 @@ class Videos(Workflows):
         served = self.model(body.model)
         task = pick_task(served, body.task, "video", image=body.input_reference is not None)
         program = served.loaded.card.programs[task]
-        parts = await _reference(served, task, body.input_reference)
+        upload = await _reference(served, task, body.input_reference)
+        parts = await decode_image(upload, "input_reference") if upload is not None else ()
         raw = raw_params(body)
         if body.seconds is not None and "num_frames" not in raw:
             raw["num_frames"] = round(body.seconds * raw.get("fps", program.defaults.get("fps", 16))) + 1
@@ -82,12 +84,8 @@ class Videos(Workflows):
         p = request.params
         size = f"{p.width}x{p.height}" if hasattr(p, "width") else "auto"
         seconds = f"{p.num_frames / p.fps:g}" if hasattr(p, "num_frames") and hasattr(p, "fps") else "auto"
-        kept = (
-            None
-            if parts
-            else {"raw": raw, "task": task, "plugin_options": body.plugin_options, "adapters": adapters}
-        )
-        video = self.store.create(job_id, served.name, size, seconds, body.prompt, kept, request_id)
+        kept = {"raw": raw, "task": task, "plugin_options": body.plugin_options, "adapters": adapters}
+        video = self.store.create(job_id, served.name, size, seconds, body.prompt, kept, request_id, upload)
         log.info("job %s created by request %s", job_id, request_id)
         self.metrics.requests.labels(served.name, "video").inc()
         self._follow_video(job_id, rid, served, request)
@@ -112,7 +110,7 @@ class Videos(Workflows):
             await asyncio.sleep(WATCH_S)
             try:
                 cancelled &= set(self.live)
-                for job_id in set(self.store.missing(list(self.live))) - cancelled:
+                for job_id in set(self.store.lost(list(self.live))) - cancelled:
                     rid = self.live.get(job_id)
                     if rid is not None:
                         self.engine.cancel(rid, "the video was deleted")
@@ -135,8 +133,10 @@ class Videos(Workflows):
         for job_id, model, kept in self.store.claim_queued(list(self.models)):
             try:
                 served = self.model(model)
+                upload = self.store.upload(job_id)
+                parts = await decode_image(upload, "input_reference") if upload is not None else ()
                 request = prepare(
-                    served, kept["raw"], kept["task"], kept["plugin_options"], adapters=kept.get("adapters")
+                    served, kept["raw"], kept["task"], kept["plugin_options"], parts, kept.get("adapters")
                 )
             except ApiError as exc:  # the deployment changed meanwhile
                 self.store.fail(
@@ -189,10 +189,10 @@ class Videos(Workflows):
             self.metrics.latency.labels(model, status).observe(time.monotonic() - start)
 
 
-async def _reference(served: ServedModel, task: str, reference: object) -> tuple[ImagePart, ...]:
-    """``input_reference`` as an image part, for a task whose loop takes images."""
+async def _reference(served: ServedModel, task: str, reference: object) -> bytes | None:
+    """The bytes of ``input_reference``, for a task whose loop takes images."""
     if reference is None:
-        return ()
+        return None
     loop = served.loaded.card.loops[served.loaded.card.programs[task].stages[0]]
     if "image" not in loop.accepts:
         raise ApiError(
@@ -202,7 +202,7 @@ async def _reference(served: ServedModel, task: str, reference: object) -> tuple
             "unsupported_parameter",
             "input_reference",
         )
-    return await image_parts(reference, "input_reference")
+    return await upload_bytes(reference, "input_reference")
 
 
 def _videos(request: Request) -> Videos:
@@ -257,10 +257,11 @@ def router(video_body: type[VideoBase]) -> APIRouter:
     )
     async def video_content(
         video_id: str, variant: Literal["video"] = "video", videos: Videos = Depends(_videos)
-    ) -> FileResponse:
+    ) -> Response:
+        """The mp4, from the artifact storage (any replica serves any job's)."""
         video = _video(videos, video_id)
-        path = videos.store.artifact(video_id)
-        if path is None:
+        key = videos.store.artifact(video_id)
+        if key is None:
             raise ApiError(
                 409,
                 f"video {video_id!r} is {video.status}; content exists only for completed videos. "
@@ -268,7 +269,12 @@ def router(video_body: type[VideoBase]) -> APIRouter:
                 "video_not_ready",
                 "video_id",
             )
-        return FileResponse(path, media_type="video/mp4", filename=f"{video_id}.mp4")
+        local = videos.store.storage.local(key)
+        if local is not None:
+            return FileResponse(local, media_type="video/mp4", filename=f"{video_id}.mp4")
+        disposition = {"content-disposition": f'attachment; filename="{video_id}.mp4"'}
+        chunks = iterate_in_threadpool(videos.store.storage.chunks(key))
+        return StreamingResponse(chunks, media_type="video/mp4", headers=disposition)
 
     @router.get(
         "/videos/{video_id}/stream",

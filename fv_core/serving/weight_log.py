@@ -1,32 +1,29 @@
-"""Weight syncs shared by a fleet: every replica on one data dir applies every sync, in one order.
+"""Weight syncs shared by a fleet: every replica on one job store applies every sync, in one order.
 
-A fleet (replicas on one shared data dir, ``JobStore`` shared mode) takes a trainer's push on
-whichever replica the proxy picks. Under the fleet's sync lock (``weights/.lock``: one push at a
-time among the replicas on one host) that replica first applies every logged sync it lacks, so it
-checks the push against the fleet's weights; then it writes the payload under ``weights/``, logs a
-pending row in ``weight_syncs``, puts the sync live itself and settles the row (or withdraws it,
-when that failed). The other replicas apply settled rows only, oldest first, each at a step boundary of its
-own engine, and record how far they got in ``weight_applied``; a replica that starts later
-applies the whole log before it takes jobs. So every replica runs the same sequence of weights.
+A fleet (replicas on one job store, ``JobStore`` shared mode) takes a trainer's push on whichever
+replica the proxy picks. Under the fleet's sync lock (a row in the store's ``locks``: one push at a
+time in the fleet, freed when its holder's lease is gone) that replica first applies every logged
+sync it lacks, so it checks the push against the fleet's weights; then it writes the payload under
+``weights/`` of the artifact storage, logs a pending row in ``weight_syncs``, puts the sync live
+itself and settles the row (or withdraws it, when that failed). The other replicas apply settled
+rows only, oldest first, each at a step boundary of its own engine, and record how far they got in
+``weight_applied``; a replica that starts later applies the whole log before it takes jobs. So every
+replica runs the same sequence of weights.
 
 A sync's version must be new to the fleet (never logged nor loaded before for that component): no
 replica can then hold it, live or retired, and the version check cannot pass on one replica and
 fail on another. ``compact`` drops a sync every live replica has applied whose every tensor later syncs
 (applied by all of them too) replace, row and file: a replica starting later ends on the same
 weights by applying the later ones alone, and does so before it takes jobs.
-
-The lock is a flock: it serialises pushes among replicas on one host (or on a file system whose
-locks work across hosts), as the job store's SQLite WAL needs anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,43 +34,6 @@ if TYPE_CHECKING:
     from fv_core.serving.jobs import JobStore
 
 LOCK_POLL_S = 0.05  # how often a push waiting for the fleet's sync lock tries again
-_SCHEMA = (
-    """
-CREATE TABLE IF NOT EXISTS weight_syncs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    model TEXT NOT NULL,
-    plan TEXT NOT NULL,
-    tensors TEXT NOT NULL,
-    file TEXT NOT NULL,
-    settled INTEGER NOT NULL DEFAULT 0
-)
-""",
-    """
-CREATE TABLE IF NOT EXISTS weight_versions (
-    model TEXT NOT NULL,
-    component TEXT NOT NULL,
-    version TEXT NOT NULL,
-    PRIMARY KEY (model, component, version)
-)
-""",
-    """
-CREATE TABLE IF NOT EXISTS weight_applied (
-    owner TEXT NOT NULL,
-    model TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    PRIMARY KEY (owner, model)
-)
-""",
-    """
-CREATE TABLE IF NOT EXISTS weight_errors (
-    owner TEXT NOT NULL,
-    model TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    error TEXT NOT NULL,
-    PRIMARY KEY (owner, seq)
-)
-""",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,27 +60,31 @@ class WeightLog:
     """The fleet's weight syncs, on a shared ``JobStore``'s database and data dir."""
 
     def __init__(self, store: JobStore) -> None:
-        self.owner, self.gone, self.db = store.owner or "", store.gone, store.db
-        self.folder = store.root / "weights"
-        self.folder.mkdir(exist_ok=True)
-        for table in _SCHEMA:
-            self.db.execute(table)
+        self.owner, self.gone, self.db, self.storage = store.me, store.gone, store.db, store.storage
+        shared = self.storage.local("weights/")
+        self.remote = shared is None  # a bucket: payloads are uploaded, and read through a local copy
+        self.folder = store.root / "weights" if shared is None else shared
+        self.folder.mkdir(parents=True, exist_ok=True)
 
     @asynccontextmanager
     async def lock(self) -> AsyncIterator[None]:
-        """The fleet's sync lock (a flock every replica on the host sees), polled so a cancelled push
-        never leaves it held."""
-        with (self.folder / ".lock").open("a+") as handle:
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(LOCK_POLL_S)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        """The fleet's sync lock (a row in the store's ``locks``; a gone holder's is free), polled so a
+        cancelled push never leaves it held."""
+        while not self._take_lock():
+            await asyncio.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            self.db.execute("DELETE FROM locks WHERE name='weights' AND owner=?", (self.owner,))
+
+    def _take_lock(self) -> bool:
+        taken = "INSERT INTO locks (name, owner) VALUES ('weights', ?) ON CONFLICT DO NOTHING"
+        if self.db.execute(taken, (self.owner,)).rowcount:
+            return True
+        row = self.db.execute("SELECT owner FROM locks WHERE name='weights'").fetchone()
+        if row is not None and self.gone(row[0]):  # its holder stopped mid-push: free it
+            self.db.execute("DELETE FROM locks WHERE name='weights' AND owner=?", (row[0],))
+        return False
 
     def check_new(self, model: str, components: list[str], version: str) -> None:
         """Refuse a version the fleet has logged before for one of ``components`` (under the lock)."""
@@ -138,7 +102,8 @@ class WeightLog:
                 )
 
     def write(self, payload: bytes) -> Path:
-        """Store a payload under ``weights/`` (whole or not at all: readers never see half a file)."""
+        """Store a payload under ``weights/`` (whole or not at all: readers never see half a file); on a
+        bucket, uploaded too."""
         path = self.folder / f"{uuid.uuid4().hex}.safetensors"
         partial = path.with_suffix(".partial")
         try:
@@ -146,6 +111,25 @@ class WeightLog:
             partial.rename(path)
         finally:
             partial.unlink(missing_ok=True)
+        if self.remote:
+            self.storage.put_bytes(f"weights/{path.name}", payload)
+        return path
+
+    def _remove(self, file: str) -> None:
+        (self.folder / file).unlink(missing_ok=True)
+        if self.remote:
+            self.storage.delete(f"weights/{file}")
+
+    def _local(self, file: str) -> Path:
+        """A logged payload on this node (on a bucket: downloaded once; a missing one stays missing)."""
+        path = self.folder / file
+        if self.remote and not path.exists():
+            try:
+                data = self.storage.read(f"weights/{file}")
+            except FileNotFoundError:
+                return path
+            path.with_suffix(".partial").write_bytes(data)
+            path.with_suffix(".partial").rename(path)
         return path
 
     def publish(self, model: str, plan_json: str, path: Path, tensors: dict[str, list[str]]) -> LoggedSync:
@@ -154,41 +138,41 @@ class WeightLog:
         try:
             stale = self.db.execute("SELECT file FROM weight_syncs WHERE settled=0").fetchall()
             self.db.execute("DELETE FROM weight_syncs WHERE settled=0")
-            cur = self.db.execute(
-                "INSERT INTO weight_syncs (model, plan, tensors, file) VALUES (?, ?, ?, ?)",
+            seq = self.db.execute(
+                "INSERT INTO weight_syncs (model, plan, tensors, file) VALUES (?, ?, ?, ?) RETURNING seq",
                 (model, plan_json, json.dumps(tensors), path.name),
-            )
+            ).fetchone()[0]
         except BaseException:
-            path.unlink(missing_ok=True)
+            self._remove(path.name)
             raise
         for (file,) in stale:
-            (self.folder / file).unlink(missing_ok=True)
-        return LoggedSync(int(cur.lastrowid or 0), model, plan_json, path)  # this thread's own insert
+            self._remove(file)
+        return LoggedSync(int(seq), model, plan_json, path)
 
     def taken(self, model: str, versions: dict[str, str]) -> None:
         """Record ``versions`` (component -> version) as used: a push may never reuse them."""
         self.db.executemany(
-            "INSERT OR IGNORE INTO weight_versions (model, component, version) VALUES (?, ?, ?)",
+            "INSERT INTO weight_versions (model, component, version) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
             [(model, component, version) for component, version in versions.items()],
         )
 
     def settle(self, sync: LoggedSync, versions: dict[str, str]) -> None:
         """``sync`` is live on its receiver: every replica applies it now, and its versions are taken."""
-        with self._transaction():
+        with self.db.transaction():
             self.db.execute("UPDATE weight_syncs SET settled=1 WHERE seq=?", (sync.seq,))
             self.taken(sync.model, versions)
 
     def withdraw(self, sync: LoggedSync) -> None:
         """``sync`` failed on its receiver: no replica applies it."""
         self.db.execute("DELETE FROM weight_syncs WHERE seq=?", (sync.seq,))
-        sync.path.unlink(missing_ok=True)
+        self._remove(sync.path.name)
 
     def after(self, seq: int, models: list[str]) -> list[LoggedSync]:
         """The settled syncs of ``models`` after ``seq``, oldest first."""
         rows = self.db.execute(
             "SELECT seq, model, plan, file FROM weight_syncs WHERE seq > ? AND settled=1 ORDER BY seq", (seq,)
         ).fetchall()
-        return [LoggedSync(s, m, p, self.folder / f) for s, m, p, f in rows if m in models]
+        return [LoggedSync(s, m, p, self._local(f)) for s, m, p, f in rows if m in models]
 
     def applied(self, model: str, seq: int) -> None:
         """Record that this replica has applied ``model``'s syncs up to ``seq`` (its earlier errors go)."""
@@ -202,7 +186,8 @@ class WeightLog:
     def failed(self, sync: LoggedSync, error: str) -> None:
         """Record that ``sync`` failed on this replica (it stays behind and tries again)."""
         self.db.execute(
-            "INSERT OR REPLACE INTO weight_errors (owner, model, seq, error) VALUES (?, ?, ?, ?)",
+            "INSERT INTO weight_errors (owner, model, seq, error) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (owner, seq) DO UPDATE SET model=excluded.model, error=excluded.error",
             (self.owner, sync.model, sync.seq, error[:2000]),
         )
 
@@ -238,23 +223,12 @@ class WeightLog:
                 later.setdefault(component, set()).update(keys)
         if not dropped:
             return
-        with self._transaction():
+        with self.db.transaction():
             self.db.executemany("DELETE FROM weight_syncs WHERE seq=?", [(seq,) for seq, _ in dropped])
         for _, file in dropped:
-            (self.folder / file).unlink(missing_ok=True)
+            self._remove(file)
 
     def _live(self, model: str) -> dict[str, int]:
         """Live replica serving ``model`` -> how far it applied the log."""
         rows = self.db.execute("SELECT owner, seq FROM weight_applied WHERE model=?", (model,)).fetchall()
         return {owner: seq for owner, seq in rows if not self.gone(owner)}
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self.db.execute("COMMIT")
-        except BaseException:
-            if self.db.in_transaction:  # never leave the store's shared connection inside one
-                self.db.execute("ROLLBACK")
-            raise

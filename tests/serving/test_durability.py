@@ -104,36 +104,6 @@ def test_the_default_data_dir_is_not_the_working_directory(monkeypatch, tmp_path
     assert default_data_dir() == tmp_path / "mine"
 
 
-def _finished_job(store: JobStore, mp4_bytes: int, completed_at: int) -> str:
-    job_id = new_job_id()
-    store.create(job_id, "wan2.1-t2v-tiny", "32x32", "auto", "kept a while")
-    store.complete(job_id, "32x32", "1")
-    store.db.execute("UPDATE jobs SET completed_at=? WHERE id=?", (completed_at, job_id))
-    store.video_path(job_id).write_bytes(b"\0" * mp4_bytes)
-    store.video_path(job_id).with_suffix(".json").write_text("{}")
-    return job_id
-
-
-def test_retention_expires_old_jobs_and_keeps_the_folder_under_its_cap(tmp_path):
-    store = JobStore(tmp_path, max_age_s=3600)
-    old = _finished_job(store, 100, completed_at=1_000)
-    middle = _finished_job(store, 100, completed_at=5_000)
-    new = _finished_job(store, 100, completed_at=6_000)
-    running = new_job_id()
-    store.create(running, "wan2.1-t2v-tiny", "32x32", "auto", "never swept")
-    assert store.get(new).expires_at == 6_000 + 3600
-
-    assert store.sweep(now=4_600) == [old]  # 1000 + 3600 <= 4600; the others have time left
-    assert store.get(old) is None and not store.video_path(old).exists()
-    assert not store.video_path(old).with_suffix(".json").exists()
-
-    assert store.sweep(max_bytes=150, now=4_600) == [middle]  # over the cap: the oldest goes first
-    assert store.get(new).status == "completed" and store.video_path(new).exists()
-    assert store.sweep(max_bytes=0, now=10**9) == [new]
-    assert store.get(running).status == "queued"  # unfinished work is never swept
-    store.close()
-
-
 def test_served_jobs_report_when_they_expire(host, tmp_path):
     deploy = tiny_deploy(tmp_path)
     deploy.retention.max_age_s = 60
