@@ -243,7 +243,7 @@ def add_adapters(model: Any, loras: list[tuple[str, float, Any]]) -> list[tuple[
 def _generate_workflow(args: argparse.Namespace, flow: Any, raw: dict) -> int:
     """A deploy file's workflow: its params from the flags, its last stage's artifact written (with
     ``keep: all``, every stage's beside it as ``NAME.STAGE.EXT``) with the nested provenance."""
-    from fv_core.progress import files_line
+    from fv_core.progress import WorkflowProgress, files_line
 
     given = {k: v for k, v in raw.items() if v is not None}
     extra = sorted(set(given) - set(flow.spec.params))
@@ -252,7 +252,11 @@ def _generate_workflow(args: argparse.Namespace, flow: Any, raw: dict) -> int:
             f"workflow {flow.workflow_id!r} takes the params {sorted(flow.spec.params)}; got {extra} too. "
             "Fix: drop them (stage params are set in the deploy file's workflow)."
         )
-    artifact = flow.generate(**given)
+    shown = WorkflowProgress(flow.workflow_id)
+    try:
+        artifact = flow.generate(on_event=shown.event, **given)
+    finally:
+        shown.close()
     output = Path(args.output or DEFAULT_OUTPUT["video" if hasattr(artifact, "frames") else "image"])
     written = [artifact.save(output)]  # its provenance beside it
     written.append(written[0].with_suffix(".json"))

@@ -80,6 +80,27 @@ def fv_register_rewards(register: Register) -> None:
 
 
 @hookspec
+def fv_register_scorers(register: Register) -> None:
+    """Contribute scorers: models that score artifacts, for workflows that keep the best of N candidates.
+
+    :param register: call ``register(name, factory)`` where ``factory`` (a callable or lazy
+        ``"module:attr"`` string) is built with a workflow stage's ``select`` options and returns a
+        scorer: ``scorer(frames [B, F, H, W, 3] in 0..1, prompts) -> tensor [B]`` (higher: better).
+    """
+
+
+@hookspec
+def fv_register_workflows(register: Register) -> None:
+    """Contribute cross-model workflows (``fv_core.workflow.WorkflowSpec``).
+
+    :param register: call ``register(workflow_id, spec)`` where ``spec`` is a WorkflowSpec, its dict, or a
+        callable / lazy ``"module:attr"`` string returning one. Its stages name card ids as models; a
+        deploy file serves it with ``workflows: {ID: registered-id}`` (each stage runs on the served model
+        of that card), and ``fv_core.load(workflow_id)`` alone serves the cards it names.
+    """
+
+
+@hookspec
 def fv_register_datasets(register: Register) -> None:
     """Contribute datasets of real videos for training methods (``fv_core.training.Dataset``).
 

@@ -29,7 +29,8 @@ from fv_core.parallel.plan import ParallelPlan
 from fv_core.plugins import BUILTIN_PLUGIN, PluginHost, dist_version, load_plugins
 from fv_core.registry import resolve_lazy
 from fv_core.weights import bind_card, family, model_index
-from fv_core.workflow.run import LoadedWorkflow
+from fv_core.workflow.registered import deploy_workflows, workflow_deploy
+from fv_core.workflow.run import LoadedWorkflow, bind_workflows
 
 # op -> (implementation, provenance record), as ``select_kernel`` returns them
 Kernels = dict[str, tuple[Any, dict[str, Any]]]
@@ -69,6 +70,12 @@ def load(
         if model is not None and str(model) in plan.workflows:
             # a workflow runs as a model does (generate, close)
             return load_workflow(plan, str(model), host, device)  # type: ignore[return-value]
+    elif (
+        model is not None
+        and str(model) in host.registries.workflows
+        and str(model) not in host.registries.cards
+    ):
+        return load(model, deploy=workflow_deploy(host, str(model)), device=device, host=host)
     entry = _entry(plan, model) if plan is not None else None
     name = entry.card if entry is not None else str(model if model is not None else weights)
     weights = weights if weights is not None else (entry.weights if entry is not None else None)
@@ -135,23 +142,19 @@ def _worker_spec(
     return WorkerSpec(name, str(weights) if weights is not None else None, deploy, device, plugins)
 
 
-def load_workflow(
-    plan: DeploymentCard, workflow_id: str, host: PluginHost, device: str, loaded: dict | None = None
-) -> LoadedWorkflow:
+def load_workflow(plan: DeploymentCard, workflow_id: str, host: PluginHost, device: str) -> LoadedWorkflow:
     """The deploy file's workflow ``workflow_id`` with every model it runs loaded once (nested workflows
-    share them) and the rewards its stages select with."""
-    loaded = {} if loaded is None else loaded
-    spec = plan.workflows[workflow_id]
-    for stage in spec.stages:
-        if stage.model not in loaded:
-            loaded[stage.model] = (
-                load_workflow(plan, stage.model, host, device, loaded)
-                if stage.model in plan.workflows
-                else load(stage.model, deploy=plan, device=device, host=host)
-            )
-    rewards = {s.select: host.registries.rewards.get(s.select)() for s in spec.stages if s.select is not None}
-    models = {s.model: loaded[s.model] for s in spec.stages}
-    return LoadedWorkflow(workflow_id, spec, models, rewards, plan.model_dump(mode="json"))
+    share them) and the scorers its stages select with."""
+    loaded: dict[str, LoadedModel] = {}
+
+    def model_of(name: str) -> LoadedModel:
+        if name not in loaded:
+            loaded[name] = load(name, deploy=plan, device=device, host=host)
+        return loaded[name]
+
+    return bind_workflows(deploy_workflows(plan, host), model_of, host, plan.model_dump(mode="json"))[
+        workflow_id
+    ]
 
 
 def _entry(plan: DeploymentCard, model: str | Path | None) -> ModelDeploy:

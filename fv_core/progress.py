@@ -77,6 +77,29 @@ class RunProgress:
             print(text, file=self.out, flush=True)
 
 
+class WorkflowProgress:
+    """Progress of a workflow's stages, one :class:`RunProgress` each
+    (``t2i-to-i2v stage 2/2 motion: wan-i2v i2v 14/30``)."""
+
+    def __init__(self, workflow_id: str, out: TextIO | None = None) -> None:
+        self.workflow_id, self.out = workflow_id, out
+        self.stage: Any = None  # the StageRun shown
+        self.shown: RunProgress | None = None
+
+    def event(self, stage: Any, event: Any) -> None:
+        """Fold in a stage's stream event (``LoadedWorkflow.generate(on_event=...)``)."""
+        if stage is not self.stage or self.shown is None:
+            self.close()
+            self.stage = stage
+            label = f"{stage.model} {stage.requests[0].task}"
+            self.shown = RunProgress(f"{self.workflow_id} stage {stage.where}", [label], self.out)
+        self.shown.event(event)
+
+    def close(self) -> None:
+        if self.shown is not None:
+            self.shown.close()
+
+
 def files_line(paths: list[Any], seconds: float) -> str:
     """``wrote a.png, a.json and a.txt in 1.2 s``."""
     names = [str(p) for p in paths]

@@ -186,6 +186,8 @@ REGISTRY_NAMES = (
     "methods",
     "trainers",
     "rewards",
+    "scorers",
+    "workflows",
     "datasets",
     "options",
     "pipelines",
@@ -204,6 +206,8 @@ class Registries:
     methods: Registry = field(default_factory=lambda: Registry("methods"))
     trainers: Registry = field(default_factory=lambda: Registry("trainers"))
     rewards: Registry = field(default_factory=lambda: Registry("rewards"))
+    scorers: Registry = field(default_factory=lambda: Registry("scorers"))
+    workflows: Registry = field(default_factory=lambda: Registry("workflows"))
     datasets: Registry = field(default_factory=lambda: Registry("datasets"))
     options: Registry = field(default_factory=lambda: Registry("options"))
     pipelines: Registry = field(default_factory=lambda: Registry("pipelines"))

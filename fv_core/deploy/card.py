@@ -98,7 +98,8 @@ class DeploymentCard(Strict):
     limits: Limits | None = Field(default_factory=Limits)  # None: no per-request caps (a replay's own plan)
     retention: Retention = Field(default_factory=Retention)
     scheduling: Scheduling = Field(default_factory=Scheduling)
-    workflows: dict[str, WorkflowSpec] = Field(default_factory=dict)  # id -> stages over the served models
+    # id -> stages over the served models, or the id of a workflow a plugin registers
+    workflows: dict[str, WorkflowSpec | str] = Field(default_factory=dict)
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)  # plugin -> options
     data_dir: str | None = None  # jobs database and artifacts; None: $FV_DATA_DIR or the user's data dir
     # the job database: sqlite:///path/jobs.sqlite3 or postgresql://user:pw@host:port/db (a fleet across

@@ -19,6 +19,7 @@ from fv_core.providers import check_provided
 from fv_core.registry import lookup_kernel
 from fv_core.weights import bind_card, refuse_pickles
 from fv_core.workflow.check import check_workflow
+from fv_core.workflow.registered import deploy_workflows
 
 
 def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") -> list[str]:
@@ -43,7 +44,11 @@ def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") 
     names = [m.served_name for m in deploy.models]
     if len(set(names)) != len(names):
         problems.append(f"models: served names {names} repeat. Fix: give each model a unique 'name'.")
-    for workflow_id in deploy.workflows:
+    try:
+        workflows = deploy_workflows(deploy, host)
+    except (ConfigError, LookupError) as exc:
+        return [*problems, str(exc)]
+    for workflow_id in workflows:
         if workflow_id in names:
             problems.append(
                 f"workflows.{workflow_id}: a served model has that name. Fix: rename the workflow."
@@ -51,9 +56,9 @@ def check_deploy(deploy: DeploymentCard, host: PluginHost, device: str = "cpu") 
         attempt(
             check_workflow,
             workflow_id,
-            deploy.workflows,
+            workflows,
             _card_of(deploy, host),
-            set(map(str, host.registries.rewards)),
+            set(map(str, host.registries.scorers)),
         )
     return problems
 

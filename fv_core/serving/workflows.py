@@ -21,7 +21,8 @@ from fv_core.serving.jobs import new_job_id
 from fv_core.serving.media import save_atomically
 from fv_core.serving.schemas import ImageBase, Video, VideoBase
 from fv_core.serving.submission import Jobs, raw_params
-from fv_core.workflow import LoadedWorkflow
+from fv_core.workflow import LoadedWorkflow, bind_workflows, deploy_workflows
+from fv_core.workflow.run import StageRun
 
 log = logging.getLogger("fv.serving")
 
@@ -33,29 +34,13 @@ class Workflows(Jobs):
     live: dict[str, str]  # job id -> its engine request id (Videos sets it)
 
     def load_workflows(self) -> dict[str, LoadedWorkflow]:
-        """Each workflow bound to the served models (nested ones to each other) and its rewards."""
-        out: dict[str, LoadedWorkflow] = {}
-
-        def bind(workflow_id: str) -> LoadedWorkflow:
-            if workflow_id not in out:
-                spec = self.deploy.workflows[workflow_id]
-                models = {
-                    s.model: bind(s.model)
-                    if s.model in self.deploy.workflows
-                    else self.models[s.model].loaded
-                    for s in spec.stages
-                }
-                rewards = {
-                    s.select: self.host.registries.rewards.get(s.select)() for s in spec.stages if s.select
-                }
-                out[workflow_id] = LoadedWorkflow(
-                    workflow_id, spec, models, rewards, self.deploy.model_dump(mode="json")
-                )
-            return out[workflow_id]
-
-        for workflow_id in self.deploy.workflows:
-            bind(workflow_id)
-        return out
+        """Each workflow bound to the served models (nested ones to each other) and its scorers."""
+        return bind_workflows(
+            deploy_workflows(self.deploy, self.host),
+            lambda name: self.models[name].loaded,
+            self.host,
+            self.deploy.model_dump(mode="json"),
+        )
 
     def workflow_params(self, flow: LoadedWorkflow, body: VideoBase | ImageBase) -> Any:
         """The body's params as the workflow's request (400 naming what it does not take)."""
@@ -91,9 +76,9 @@ class Workflows(Jobs):
         """Run ``flow``'s stages on the engine; each request is followed (its progress the job's)."""
         start = time.monotonic()
 
-        async def execute(model: str, requests: list) -> list:
-            served = self.models[model]
-            rids = [await self.submit_when_room(served, r) for r in requests]
+        async def execute(stage: StageRun) -> list:
+            model, served = stage.model, self.models[stage.model]
+            rids = [await self.submit_when_room(served, r) for r in stage.requests]
             if job_id is not None:
                 self.live[job_id] = rids[-1]
             progress = (lambda p: self.store.progress(job_id, p)) if job_id is not None else (lambda p: None)

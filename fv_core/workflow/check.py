@@ -15,7 +15,7 @@ def check_workflow(
     workflow_id: str,
     workflows: Mapping[str, WorkflowSpec],
     card_of: Callable[[str], Any],
-    rewards: set[str],
+    scorers: set[str],
     seen: tuple[str, ...] = (),
 ) -> list[str]:
     """The outputs of ``workflow_id``'s last stage; ConfigError naming the stage and the binding at the
@@ -36,7 +36,7 @@ def check_workflow(
             accepts, fields, made = (
                 (),
                 set(workflows[stage.model].params),
-                check_workflow(stage.model, workflows, card_of, rewards, (*seen, workflow_id)),
+                check_workflow(stage.model, workflows, card_of, scorers, (*seen, workflow_id)),
             )
         else:
             accepts, fields, made = _task(where, stage.model, stage.task, card_of)
@@ -69,13 +69,13 @@ def check_workflow(
                 )
         if (stage.fan_out > 1) != (stage.select is not None):
             raise ConfigError(
-                f"{where}: fan_out={stage.fan_out} with select={stage.select!r}; candidates need a reward to "
+                f"{where}: fan_out={stage.fan_out} with select={stage.select!r}; candidates need a scorer to "
                 "select the best, and a select needs candidates. Fix: set both (fan_out >= 2 and select) or neither."
             )
-        if stage.select is not None and stage.select not in rewards:
+        if stage.scorer is not None and stage.scorer.scorer not in scorers:
             raise ConfigError(
-                f"{where}.select: no loaded plugin registers the reward {stage.select!r} (available: "
-                f"{sorted(rewards)}). Fix: name one of those, or enable the plugin that provides it."
+                f"{where}.select: no loaded plugin registers the scorer {stage.scorer.scorer!r} (available: "
+                f"{sorted(scorers)}). Fix: name one of those, or enable the plugin that provides it."
             )
         outputs[stage.name] = made
     return outputs[spec.stages[-1].name]

@@ -3,14 +3,16 @@
 ``generate(**params)`` validates the workflow's params once (a pydantic model built from its declared
 params, typed as the stages that take them type them), then runs each stage with its bindings: a
 request param, or an earlier stage's artifact (an image becomes the next stage's image part). A
-fan-out stage's candidates run as one batch on the engine; its ``select`` reward keeps the best. The
-result is the last stage's artifact whose provenance nests every stage's (and the candidates' scores).
-The stages are a generator (``plan``) that yields each stage's requests: ``generate`` runs them on an
-engine of its own, a server (``arun``) on its engine, where they batch with its other requests.
+fan-out stage's candidates run as one batch on the engine; its ``select`` scorer scores them in one
+batch and keeps the best. The result is the last stage's artifact whose provenance nests every stage's
+(and the candidates' scores). The stages are a generator (``plan``) that yields each stage's work
+(``StageRun``: requests for a model; ``Score``: candidates for a scorer): ``generate`` runs it here, a
+server (``arun``) on its engine, where the requests batch with its other requests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import uuid
@@ -27,8 +29,31 @@ from fv_core.registry import resolve_lazy
 from fv_core.request.parts import image_part
 from fv_core.workflow.spec import REQUEST, StageSpec, WorkflowSpec
 
-# yields (served model, requests) per stage, is sent their results (None to start), returns the artifact
-Plan = Generator[tuple[str, list[Any]], Any, Any]
+
+@dataclass(frozen=True)
+class StageRun:
+    """A stage's requests for the served model ``model`` (``where``: ``2/3 motion``, nested ``2/2 a > 1/2 b``)."""
+
+    where: str
+    model: str
+    requests: list[Any]
+
+
+@dataclass(frozen=True)
+class Score:
+    """Candidates ``frames [B, F, H, W, 3]`` (0..1) of the prompts that asked for them, for ``scorer``."""
+
+    scorer: Any
+    frames: torch.Tensor
+    prompts: list[str]
+
+    def run(self) -> list[float]:
+        with torch.inference_mode():
+            return [float(s) for s in self.scorer(self.frames, self.prompts)]
+
+
+# yields each stage's work, is sent its results (None to start; scores for a Score), returns the artifact
+Plan = Generator[StageRun | Score, Any, Any]
 
 
 @dataclass
@@ -38,7 +63,7 @@ class LoadedWorkflow:
     workflow_id: str
     spec: WorkflowSpec
     models: dict[str, Any]  # served name (or nested workflow id) -> LoadedModel / LoadedWorkflow
-    rewards: dict[str, Any] = field(default_factory=dict)  # reward name -> scorer (frames, prompts) -> [B]
+    scorers: dict[str, Any] = field(default_factory=dict)  # stage name -> scorer (frames, prompts) -> [B]
     deploy: dict[str, Any] = field(default_factory=dict)  # the deploy file it came from (for a replay)
 
     def close(self) -> None:
@@ -63,41 +88,54 @@ class LoadedWorkflow:
                 explain(exc, f"request to workflow {self.workflow_id!r}", cls.model_fields)
             ) from None
 
-    def generate(self, **params: Any) -> Any:
-        """Run the workflow here, each stage's requests as one batch on an engine; returns its last stage's
+    def generate(self, on_event: Callable[[StageRun, Any], None] | None = None, **params: Any) -> Any:
+        """Run the workflow here, each stage's requests as one batch on an engine (interleaved, never sharing
+        a call, under the deploy's ``determinism: bitwise``); returns its last stage's
         artifact (with ``keep: all``, ``.stages`` holds each stage's by name), its provenance nesting
-        every stage's."""
+        every stage's. ``on_event(stage, event)`` receives each stage's first request's stream events."""
         from fv_core.runtime import Engine
 
         plan = self.plan(self.prepare(params).model_dump())
-        results: list[Any] | None = None
+        results: Any = None
         with torch.inference_mode():
             while True:
                 try:
-                    model, requests = plan.send(results)
+                    work = plan.send(results)
                 except StopIteration as done:
                     return done.value
-                results = Engine().run_batched([self.models[model].job(r) for r in requests])
+                if isinstance(work, Score):
+                    results = work.run()
+                    continue
+                first = work.requests[0].request_id
+                events = None if on_event is None else _first_request(work, first, on_event)
+                jobs = [self.models[work.model].job(r) for r in work.requests]
+                engine = Engine(on_event=events)
+                bitwise = self.deploy.get("determinism") == "bitwise"
+                results = engine.run_interleaved(jobs) if bitwise else engine.run_batched(jobs)
 
-    async def arun(self, params: BaseModel, execute: Callable[[str, list], Awaitable[list]]) -> Any:
-        """:meth:`generate` on someone else's engine: ``await execute(model, requests)`` runs each stage's
-        requests (a server submits them to its engine, where they batch with everything else)."""
+    async def arun(self, params: BaseModel, execute: Callable[[StageRun], Awaitable[list]]) -> Any:
+        """:meth:`generate` on someone else's engine: ``await execute(stage)`` runs each stage's requests (a
+        server submits them to its engine, where they batch with everything else); scoring runs in a
+        thread, off the caller's event loop."""
         plan, results = self.plan(params.model_dump()), None
         while True:  # (the first send is None: it starts the generator)
             try:
-                model, requests = plan.send(results)
+                work = plan.send(results)
             except StopIteration as done:
                 return done.value
-            results = await execute(model, requests)
+            results = await (asyncio.to_thread(work.run) if isinstance(work, Score) else execute(work))
 
-    def plan(self, request: dict[str, Any]) -> Plan:
-        """The workflow as a generator: it yields ``(served model, requests)`` for each stage and is sent
-        their results; it returns the final artifact."""
+    def plan(self, request: dict[str, Any], where: str = "") -> Plan:
+        """The workflow as a generator: it yields each stage's work and is sent its results; it returns
+        the final artifact."""
         start = time.perf_counter()
         done: dict[str, Any] = {}
         stages: dict[str, Any] = {}
-        for stage in self.spec.stages:
-            done[stage.name] = yield from self._stage(stage, request, done)
+        count = len(self.spec.stages)
+        for i, stage in enumerate(self.spec.stages):
+            done[stage.name] = yield from self._stage(
+                stage, request, done, f"{where}{i + 1}/{count} {stage.name}"
+            )
             stages[stage.name] = done[stage.name].provenance
         provenance = {
             "workflow": self.workflow_id,
@@ -113,9 +151,9 @@ class LoadedWorkflow:
 
     # -- stages ------------------------------------------------------------------------------
 
-    def _stage(self, stage: StageSpec, request: dict[str, Any], done: dict[str, Any]) -> Plan:
+    def _stage(self, stage: StageSpec, request: dict[str, Any], done: dict[str, Any], where: str) -> Plan:
         """One stage: its bound params and parts, its request (or ``fan_out`` candidates, seeds ``seed`` ..
-        ``seed + N - 1``, the ``select`` reward keeping the best); returns its artifact."""
+        ``seed + N - 1``, the ``select`` scorer keeping the best); returns its artifact."""
         model = self.models[stage.model]
         raw, parts = dict(stage.params), []
         for target, origin, name in stage.sources():
@@ -125,7 +163,7 @@ class LoadedWorkflow:
             else:
                 raw[target] = value
         if isinstance(model, LoadedWorkflow):
-            return (yield from model.plan(model.prepare(raw).model_dump()))
+            return (yield from model.plan(model.prepare(raw).model_dump(), f"{where} > "))
         seed = int(raw.get("seed", 0))
         requests = [
             model.prepare(
@@ -137,20 +175,20 @@ class LoadedWorkflow:
             for i in range(stage.fan_out)
         ]
         start = time.perf_counter()
-        results = yield stage.model, requests
+        results = yield StageRun(where, stage.model, requests)
         seconds = (time.perf_counter() - start) / len(requests)
         candidates = [model.artifact(r, res, seconds) for r, res in zip(requests, results, strict=True)]
         if stage.fan_out == 1:
             return candidates[0]
         frames = torch.stack([torch.from_numpy(_frames(a)) for a in candidates])
         prompts = [str(getattr(r.params, "prompt", "")) for r in requests]
-        scores = [float(s) for s in self.rewards[str(stage.select)](frames, prompts)]
+        scores = yield Score(self.scorers[stage.name], frames, prompts)
         best = int(np.argmax(scores))
         provenance = {
             **candidates[best].provenance,
             "candidates": [{"seed": seed + i, "score": s} for i, s in enumerate(scores)],
             "selected": best,
-            "reward": stage.select,
+            "scorer": stage.scorer.model_dump() if stage.scorer else None,
         }
         return dataclasses.replace(candidates[best], provenance=provenance)
 
@@ -177,3 +215,42 @@ def _output(artifact: Any, name: str) -> Any:
 def _frames(artifact: Any) -> np.ndarray:
     """``[F, H, W, 3]`` of a video, ``[1, H, W, 3]`` of an image: what a reward scores."""
     return artifact.frames if hasattr(artifact, "frames") else artifact.image[None]
+
+
+def _first_request(stage: StageRun, request_id: str, on_event: Callable[[StageRun, Any], None]) -> Callable:
+    """An engine's ``on_event`` passing on the events of the stage's request ``request_id`` only."""
+
+    def events(event: Any) -> None:
+        if event.request_id == request_id:
+            on_event(stage, event)
+
+    return events
+
+
+def bind_workflows(
+    workflows: Mapping[str, WorkflowSpec],
+    model_of: Callable[[str], Any],
+    host: Any,
+    deploy: dict[str, Any],
+) -> dict[str, LoadedWorkflow]:
+    """Every workflow bound to the models its stages run (``model_of(served name)``, nested workflows to
+    each other) and the scorers they select with (``host``'s, built with each stage's options)."""
+    out: dict[str, LoadedWorkflow] = {}
+
+    def bind(workflow_id: str) -> LoadedWorkflow:
+        if workflow_id not in out:
+            spec = workflows[workflow_id]
+            models = {
+                s.model: bind(s.model) if s.model in workflows else model_of(s.model) for s in spec.stages
+            }
+            scorers = {
+                s.name: host.registries.scorers.get(s.scorer.scorer)(**s.scorer.options)
+                for s in spec.stages
+                if s.scorer is not None
+            }
+            out[workflow_id] = LoadedWorkflow(workflow_id, spec, models, scorers, deploy)
+        return out[workflow_id]
+
+    for workflow_id in workflows:
+        bind(workflow_id)
+    return out

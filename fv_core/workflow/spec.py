@@ -13,8 +13,10 @@ workflows:
 A binding ``target: source`` sets a stage's param (or, for ``image``, its image part) from
 ``request.<param>`` or ``<stage>.<output>``: ``image`` (an image stage's picture, a video stage's last
 frame), ``video`` (its frames) or ``text``. ``fan_out: N`` runs N candidates (seeds ``seed``, ``seed+1``,
-...) and ``select: REWARD`` keeps the one a registered reward scores best. A stage's ``model`` may name
-another workflow (workflows nest).
+...) and ``select: SCORER`` (or ``select: {scorer: SCORER, options: {...}}``) keeps the one a registered
+scorer (``fv_register_scorers``) scores best. A stage's ``model`` may name another workflow (workflows nest).
+A plugin's workflow (``fv_register_workflows``) names card ids as models; a deploy file serves it with
+``workflows: {ID: registered-id}``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class SelectSpec(Strict):
+    """The scorer that keeps the best of a fan-out's candidates, and the options it is built with."""
+
+    scorer: str
+    options: dict[str, Any] = Field(default_factory=dict)  # e.g. clip-score's {model: FOLDER_OR_REPO}
+
+
 class StageSpec(Strict):
     """One stage: a task of a served model (or a nested workflow)."""
 
@@ -41,7 +50,11 @@ class StageSpec(Strict):
     params: dict[str, Any] = Field(default_factory=dict)  # fixed params of this stage
     bind: dict[str, str] = Field(default_factory=dict)  # param or part <- "request.X" / "<stage>.<output>"
     fan_out: int = Field(1, ge=1, le=64)  # candidates, seeds seed .. seed+N-1
-    select: str | None = None  # a registered reward that keeps the best candidate
+    select: str | SelectSpec | None = None  # a registered scorer that keeps the best candidate
+
+    @property
+    def scorer(self) -> SelectSpec | None:
+        return SelectSpec(scorer=self.select) if isinstance(self.select, str) else self.select
 
     def sources(self) -> list[tuple[str, str, str]]:
         """``(target, origin, field)`` per binding: origin ``request`` or an earlier stage's name."""

@@ -15,6 +15,7 @@ import fv_core
 from fv_core import ConfigError
 from fv_core.deploy import load_deploy
 from fv_core.deploy.check import check_deploy
+from fv_core.extend import hookimpl
 from fv_core.plugins import load_plugins
 from fv_core.runtime import Engine
 
@@ -49,8 +50,11 @@ def test_t2i_to_i2v_equals_its_stages_by_hand(host, plan):
 
 
 def test_best_of_n_keeps_the_candidate_the_detector_scores_best(host, plan):
+    """fv-train-flow registers shapes-best-of-n (fv_register_workflows) on the card wan2.1-t2v-shapes; the
+    example deploy serves it on its model named "shapes", and fv_core.load serves it alone too."""
     flow = fv_core.load("shapes-best-of-n", deploy=plan, host=host)
-    shapes, reward = flow.models["shapes"], flow.rewards["shapes-detector"]
+    assert flow.spec.stages[0].model == "shapes"
+    shapes, reward = flow.models["shapes"], flow.scorers["candidates"]
     prompt = "a red circle moving left"
     with torch.no_grad():
         out = flow.generate(prompt=prompt, seed=10)
@@ -65,6 +69,35 @@ def test_best_of_n_keeps_the_candidate_the_detector_scores_best(host, plan):
     prov = out.provenance["stages"]["candidates"]
     assert [c["score"] for c in prov["candidates"]] == pytest.approx(scores) and prov["selected"] == best
     assert np.array_equal(out.frames, results[best].outputs["frames"].numpy())
+    alone = fv_core.load("shapes-best-of-n", host=host)  # no deploy: the cards it names, served alone
+    assert list(alone.models) == ["wan2.1-t2v-shapes"] and alone.deploy["plugins"] == [
+        "fv-train-flow",
+        "fv-wan",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("workflow", "words"),
+    [
+        (
+            "shapes-best-of-n",
+            r"runs the card 'wan2.1-t2v-shapes' in its stage 'candidates'.*Fix: add \{card: wan2",
+        ),
+        ("nope", r"unknown workflows key 'nope'. Available: .*shapes-best-of-n"),
+    ],
+)
+def test_registered_workflows_need_their_cards_served(host, workflow, words):
+    import re
+
+    deploy = load_deploy_data(
+        {
+            "plugins": ["fv-wan", "fv-train-flow"],
+            "models": [{"card": "wan2.1-t2v-tiny"}],
+            "workflows": {"w": workflow},
+        }
+    )
+    problems = check_deploy(deploy, host)
+    assert any(re.search(words, p) for p in problems), problems
 
 
 @pytest.mark.parametrize(
@@ -82,7 +115,11 @@ def test_best_of_n_keeps_the_candidate_the_detector_scores_best(host, plan):
         ({"bind": {"image": "motion.image"}}, r"bind\.image: motion\.image names no earlier stage's output"),
         ({"bind": {"cfg": "request.prompt"}}, r"bind\.cfg: cfg is not a param of the stage's task"),
         ({"fan_out": 2}, r"fan_out=2 with select=None; .*Fix: set both"),
-        ({"fan_out": 2, "select": "beauty"}, r"select: no loaded plugin registers the reward 'beauty'"),
+        ({"fan_out": 2, "select": "beauty"}, r"select: no loaded plugin registers the scorer 'beauty'"),
+        (
+            {"fan_out": 2, "select": {"scorer": "beauty", "options": {}}},
+            r"select: no loaded plugin registers the scorer 'beauty'",
+        ),
     ],
 )
 def test_validation_names_the_stage_binding_and_fix(host, plan, change, words):
@@ -112,6 +149,11 @@ def test_fv_generate_runs_a_workflow_and_keeps_its_provenance(tmp_path, capsys):
          "--num-frames", "5", "-o", str(out)]
     )  # fmt: skip
     assert code == 0 and out.is_file()
+    shown = capsys.readouterr().err  # progress per stage (plain lines off a terminal)
+    assert (
+        "t2i-to-i2v stage 1/2 still: wan-t2i t2i" in shown
+        and "t2i-to-i2v stage 2/2 motion: wan-i2v i2v 1/" in shown
+    )
     prov = json.loads(out.with_suffix(".json").read_text())
     assert prov["workflow"] == "t2i-to-i2v" and prov["params"]["num_frames"] == 5
     again = tmp_path / "again.mp4"
@@ -170,3 +212,47 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
         alone = flow.generate(prompt="a lantern", seed=4, num_frames=5)
     assert served["params"] == alone.provenance["params"] and list(served["stages"]) == ["still", "motion"]
     assert alone.save(tmp_path / "alone.mp4").read_bytes() == served_bytes
+
+
+def brightest(frames: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    return frames.mean(dim=(1, 2, 3, 4))
+
+
+@hookimpl
+def fv_register_scorers(register):
+    register("brightest", lambda **options: brightest)
+
+
+@hookimpl
+def fv_register_workflows(register):
+    still = {
+        "model": "wan2.1-t2v-tiny",
+        "task": "t2i",
+        "bind": {"prompt": "request.prompt", "seed": "request.seed"},
+    }
+    register(
+        "brightest-still",
+        lambda: {"params": {"prompt": None, "seed": 0}, "stages": [{"name": "still", **still, "fan_out": 2, "select": "brightest"}]},
+    )  # fmt: skip
+
+
+def test_a_plugin_registers_a_scorer_and_a_workflow_on_its_cards():
+    """fv_register_scorers and fv_register_workflows: the workflow loads alone on the card it names and keeps
+    the brighter of its two candidates."""
+    import types
+
+    host = load_plugins(env={"FV_PLUGINS": "fv-wan"})
+    host.add(
+        types.SimpleNamespace(
+            fv_register_scorers=fv_register_scorers, fv_register_workflows=fv_register_workflows
+        ),
+        "fv-bright",
+    )
+    host.collect()
+    flow = fv_core.load("brightest-still", host=host)
+    with torch.no_grad():
+        out = flow.generate(prompt="a lantern", seed=1)
+    stage = out.provenance["stages"]["still"]
+    scores = [c["score"] for c in stage["candidates"]]
+    assert stage["selected"] == int(np.argmax(scores)) and len(set(scores)) == 2
+    assert out.image.mean() == pytest.approx(max(scores), rel=1e-5)

@@ -1,5 +1,6 @@
 """fv-train-flow's pluggy hooks: the ``flow`` and ``vae`` training methods, the option schema, the
-``shapes-detector`` reward, the ``shapes`` dataset and the ``fv eval`` command."""
+``shapes-detector`` reward and scorer, the ``shapes-best-of-n`` workflow, the ``shapes`` dataset and the
+``fv eval`` command."""
 
 from __future__ import annotations
 
@@ -19,6 +20,37 @@ def fv_register_methods(register: Callable[..., None]) -> None:
 @hookimpl
 def fv_register_rewards(register: Callable[..., None]) -> None:
     register("shapes-detector", "fv_train_flow.reward:ShapesDetectorReward")
+
+
+@hookimpl
+def fv_register_scorers(register: Callable[..., None]) -> None:
+    register("shapes-detector", "fv_train_flow.reward:ShapesDetectorReward")
+
+
+@hookimpl
+def fv_register_workflows(register: Callable[..., None]) -> None:
+    # 4 candidates of the shapes model; the detector keeps the one that follows the prompt best
+    register(
+        "shapes-best-of-n",
+        {
+            "description": "the shapes model's best of 4 candidates by the shapes detector",
+            "params": {"prompt": None, "seed": 0, "guidance_scale": 4.0},
+            "stages": [
+                {
+                    "name": "candidates",
+                    "model": "wan2.1-t2v-shapes",
+                    "task": "t2v",
+                    "bind": {
+                        "prompt": "request.prompt",
+                        "seed": "request.seed",
+                        "guidance_scale": "request.guidance_scale",
+                    },
+                    "fan_out": 4,
+                    "select": "shapes-detector",
+                }
+            ],
+        },
+    )
 
 
 @hookimpl
