@@ -68,6 +68,10 @@ class QueueFull(FvError, RuntimeError):
         super().__init__(message)
 
 
+class StageFailed(FvError, RuntimeError):
+    """A workflow's stage failed; the message names the stage and its error."""
+
+
 class Cancelled(FvError, RuntimeError):
     """A request was cancelled; raised to whoever waits on its result."""
 

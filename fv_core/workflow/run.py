@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from fv_core.errors import ConfigError, explain
+from fv_core.errors import Cancelled, ConfigError, StageFailed, explain
 from fv_core.registry import resolve_lazy
 from fv_core.request.parts import image_part
 from fv_core.workflow.spec import REQUEST, StageSpec, WorkflowSpec
@@ -95,35 +95,46 @@ class LoadedWorkflow:
         every stage's. ``on_event(stage, event)`` receives each stage's first request's stream events."""
         from fv_core.runtime import Engine
 
+        def run(work: StageRun | Score) -> Any:
+            if isinstance(work, Score):
+                return work.run()
+            first = work.requests[0].request_id
+            engine = Engine(on_event=None if on_event is None else _first_request(work, first, on_event))
+            jobs = [self.models[work.model].job(r) for r in work.requests]
+            bitwise = self.deploy.get("determinism") == "bitwise"
+            return engine.run_interleaved(jobs) if bitwise else engine.run_batched(jobs)
+
         plan = self.plan(self.prepare(params).model_dump())
         results: Any = None
+        error: Exception | None = None
         with torch.inference_mode():
             while True:
                 try:
-                    work = plan.send(results)
+                    work = plan.send(results) if error is None else plan.throw(error)
                 except StopIteration as done:
                     return done.value
-                if isinstance(work, Score):
-                    results = work.run()
-                    continue
-                first = work.requests[0].request_id
-                events = None if on_event is None else _first_request(work, first, on_event)
-                jobs = [self.models[work.model].job(r) for r in work.requests]
-                engine = Engine(on_event=events)
-                bitwise = self.deploy.get("determinism") == "bitwise"
-                results = engine.run_interleaved(jobs) if bitwise else engine.run_batched(jobs)
+                try:
+                    results, error = run(work), None
+                except Exception as exc:  # thrown into the plan, which names the stage
+                    results, error = None, exc
 
     async def arun(self, params: BaseModel, execute: Callable[[StageRun], Awaitable[list]]) -> Any:
         """:meth:`generate` on someone else's engine: ``await execute(stage)`` runs each stage's requests (a
         server submits them to its engine, where they batch with everything else); scoring runs in a
         thread, off the caller's event loop."""
-        plan, results = self.plan(params.model_dump()), None
+        plan, results, error = self.plan(params.model_dump()), None, None
         while True:  # (the first send is None: it starts the generator)
             try:
-                work = plan.send(results)
+                work = plan.send(results) if error is None else plan.throw(error)
             except StopIteration as done:
                 return done.value
-            results = await (asyncio.to_thread(work.run) if isinstance(work, Score) else execute(work))
+            try:
+                results, error = (
+                    await (asyncio.to_thread(work.run) if isinstance(work, Score) else execute(work)),
+                    None,
+                )
+            except Exception as exc:  # thrown into the plan, which names the stage
+                results, error = None, exc
 
     def plan(self, request: dict[str, Any], where: str = "") -> Plan:
         """The workflow as a generator: it yields each stage's work and is sent its results; it returns
@@ -133,9 +144,13 @@ class LoadedWorkflow:
         stages: dict[str, Any] = {}
         count = len(self.spec.stages)
         for i, stage in enumerate(self.spec.stages):
-            done[stage.name] = yield from self._stage(
-                stage, request, done, f"{where}{i + 1}/{count} {stage.name}"
-            )
+            at = f"{where}{i + 1}/{count} {stage.name}"
+            try:
+                done[stage.name] = yield from self._stage(stage, request, done, at)
+            except (Cancelled, StageFailed):
+                raise
+            except Exception as exc:
+                raise _stage_error(at, stage, exc) from exc
             stages[stage.name] = done[stage.name].provenance
         provenance = {
             "workflow": self.workflow_id,
@@ -215,6 +230,14 @@ def _output(artifact: Any, name: str) -> Any:
 def _frames(artifact: Any) -> np.ndarray:
     """``[F, H, W, 3]`` of a video, ``[1, H, W, 3]`` of an image: what a reward scores."""
     return artifact.frames if hasattr(artifact, "frames") else artifact.image[None]
+
+
+def _stage_error(where: str, stage: StageSpec, exc: Exception) -> Exception:
+    """``exc`` naming the stage it failed in (a ConfigError stays one: a caller's 400)."""
+    message = f"stage {where} ({stage.model} {stage.task or 'default task'}): {type(exc).__name__}: {exc}"
+    if isinstance(exc, ConfigError):
+        return ConfigError(message, exc.param)
+    return StageFailed(message)
 
 
 def _first_request(stage: StageRun, request_id: str, on_event: Callable[[StageRun, Any], None]) -> Callable:

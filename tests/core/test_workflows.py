@@ -163,7 +163,8 @@ def test_fv_generate_runs_a_workflow_and_keeps_its_provenance(tmp_path, capsys):
 
 def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
     """A workflow id on /v1/videos (t2i-to-i2v) and /v1/images (a one-stage image workflow), listed in
-    /v1/models; the video equals the workflow run by fv_core.load; bad params answer 400."""
+    /v1/models; bad params answer 400. Interleave gate: a workflow and direct requests to its stages' models,
+    all at once, each equal to its run alone (bitwise mode)."""
     import openai
 
     from fv_core.deploy.card import parse_deploy
@@ -177,21 +178,24 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
             {"name": "still", "model": "wan-t2i", "task": "t2i", "bind": {"prompt": "request.prompt", "seed": "request.seed"}}
         ]},
     }  # fmt: skip
-    data["data_dir"] = str(tmp_path)
+    data["data_dir"], data["determinism"] = str(tmp_path), "bitwise"
     deploy = parse_deploy(data)
     with ServerThread(deploy, host) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
         listed = {m.id: m for m in client.models.list().data}
         assert listed["t2i-to-i2v"].workflow and not listed["wan-t2i"].workflow
-        done = client.videos.create_and_poll(
-            prompt="a lantern",
-            model="t2i-to-i2v",
-            poll_interval_ms=20,
-            extra_body={"seed": 4, "num_frames": 5},
+        started = client.videos.create(
+            prompt="a lantern", model="t2i-to-i2v", extra_body={"seed": 4, "num_frames": 5}
         )
+        direct = client.videos.create(
+            prompt="a lantern", model="wan-t2i", extra_body={"seed": 4, "num_frames": 5}
+        )
+        done = client.videos.poll(started.id, poll_interval_ms=20)
         assert done.status == "completed", done.error
+        assert client.videos.poll(direct.id, poll_interval_ms=20).status == "completed"
         mp4 = server.service.store.video_path(done.id)
         served, served_bytes = json.loads(mp4.with_suffix(".json").read_text()), mp4.read_bytes()
+        direct_bytes = server.service.store.video_path(direct.id).read_bytes()
         images = client.images.generate(prompt="a lantern", model="still", n=2, extra_body={"seed": 4})
         assert len(images.data) == 2 and images.data[0].b64_json != images.data[1].b64_json
         with pytest.raises(
@@ -202,7 +206,9 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
             prompt="x", model="t2i-to-i2v", poll_interval_ms=20, extra_body={"num_frames": 6}
         )  # the still is made; the i2v stage refuses 6 frames
         assert failed.status == "failed" and "workflow 't2i-to-i2v'" in failed.error.message
-        assert "num_frames" in failed.error.message
+        assert (
+            "stage 2/2 motion (wan-i2v i2v)" in failed.error.message and "num_frames" in failed.error.message
+        )
         gone = client.videos.create(prompt="x", model="t2i-to-i2v", extra_body={"num_frames": 5})
         client.videos.delete(gone.id)  # cancels the stage running
         wait_idle(server)
@@ -212,6 +218,9 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
         alone = flow.generate(prompt="a lantern", seed=4, num_frames=5)
     assert served["params"] == alone.provenance["params"] and list(served["stages"]) == ["still", "motion"]
     assert alone.save(tmp_path / "alone.mp4").read_bytes() == served_bytes
+    with torch.no_grad():
+        solo = flow.models["wan-t2i"].generate(prompt="a lantern", seed=4, num_frames=5)
+    assert solo.save(tmp_path / "solo.mp4").read_bytes() == direct_bytes
 
 
 def brightest(frames: torch.Tensor, prompts: list[str]) -> torch.Tensor:
