@@ -200,12 +200,25 @@ class SessionCreate(Strict):
 
     model: str | None = Field(None, description="served model name; default: the first deployed model")
     ttl_s: float | None = Field(None, gt=0, description="closed after this many idle seconds (default 600)")
+    # a real-time session (fv_core.serving.realtime): made chunk by chunk at fps while a client listens
+    # on /v1/sessions/{id}/ws, steered there
+    fps: float | None = Field(
+        None, gt=0, le=240, description="real-time: the frame rate each chunk is due at"
+    )
+    prompt: str | None = Field(None, max_length=4096, description="real-time: the first prompt")
+    seed: int | None = Field(None, ge=0, description="real-time: chunk i runs with seed + i (default 0)")
+    params: dict[str, Any] | None = Field(None, description="real-time: other request params of every chunk")
+    linger_s: float | None = Field(
+        None, gt=0, le=3600, description="real-time: closed after this long without a client (default 30)"
+    )
 
 
 class SessionObject(BaseModel):
     id: str
     object: Literal["session"] = "session"
     model: str
+    fps: float | None = None  # real-time sessions: the target frame rate
+    predicted: dict[str, float] | None = None  # real-time: the load admission predicted (None: unmeasured)
 
 
 class SessionDeleted(BaseModel):

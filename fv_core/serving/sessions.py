@@ -1,19 +1,34 @@
 """``/v1/sessions`` (fv's own): sessions of causal cards, where videos created with a ``session_id``
-continue one video, each with its own prompt, from where the last one stopped."""
+continue one video, each with its own prompt, from where the last one stopped; and real-time sessions
+(opened with ``fps``), made chunk by chunk at that frame rate while a client listens on
+``/v1/sessions/{id}/ws`` (``ws.py``, ``realtime.py``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
 from fv_core.errors import ConfigError
 from fv_core.serving.bodies import read_body, validate
 from fv_core.serving.errors import ApiError
+from fv_core.serving.realtime import LINGER_S, RealtimeCollector, RealtimeSession, RealtimeSessions
 from fv_core.serving.schemas import SessionCreate, SessionDeleted, SessionObject
 from fv_core.serving.submission import Jobs
+
+REALTIME_TTL_S = 24 * 3600.0  # a real-time session's own session never idles out: its linger ends it
 
 
 class Sessions(Jobs):
     """Sessions, opened on a served model and closed on whichever holds them."""
+
+    @property
+    def realtime(self) -> RealtimeSessions:
+        """This server's real-time sessions (made on first use; exported at ``/metrics``)."""
+        if "_realtime" not in self.__dict__:
+            self.__dict__["_realtime"] = RealtimeSessions(self.engine)
+            self.metrics.registry.register(RealtimeCollector(self.__dict__["_realtime"]))
+        return self.__dict__["_realtime"]
 
     def open_session(self, model: str | None, ttl_s: float | None) -> tuple[str, str]:
         """(served model name, the new session's id); a model without sessions is a 400."""
@@ -24,8 +39,41 @@ class Sessions(Jobs):
             raise ApiError(400, str(exc), "unsupported_model" if exc.param is None else "invalid_request",
                            exc.param or "model") from None  # fmt: skip
 
-    def close_session(self, session_id: str) -> None:
+    def open_realtime(self, body: SessionCreate) -> SessionObject:
+        """A real-time session: its params checked (400), its deadlines admitted against the sessions held
+        (429 with the predicted numbers)."""
+        assert body.fps is not None, "a real-time session has an fps"
+        self.check_taking_jobs()
+        model, sid = self.open_session(body.model, REALTIME_TTL_S)
+        served = self.model(model)
+        params: dict[str, Any] = {**(body.params or {}), "prompt": body.prompt or "", "seed": body.seed or 0}
+        session = RealtimeSession(
+            sid, model, served.loaded, self.engine, body.fps, params, body.linger_s or LINGER_S
+        )
+        try:
+            served.loaded.prepare(session.chunk_params(0), request_id=f"{sid}-check")
+            predicted = self.realtime.admit(session)
+        except ConfigError as exc:
+            served.loaded.close_session(sid)
+            if exc.param != "fps":
+                raise ApiError(400, str(exc), "invalid_request", exc.param) from None
+            self.metrics.refusals.labels("deadline").inc()
+            raise ApiError(429, str(exc), "deadline_infeasible", "fps") from None
+        return SessionObject(id=sid, model=model, fps=body.fps, predicted=predicted)
+
+    def session_record(self, session_id: str) -> dict[str, Any]:
+        """A real-time session's record: its deadline misses, chunk latency, achieved fps, ..."""
+        session = self.realtime.get(session_id)
+        if session is None:
+            raise ApiError(404, f"no real-time session {session_id[:80]!r} (closed, ended or never opened with "
+                           "fps). Fix: open one with POST /v1/sessions and an fps.", "session_not_found",
+                           "session_id")  # fmt: skip
+        return session.record()
+
+    async def close_session(self, session_id: str) -> None:
         """Close a session on whichever served model holds it; unknown ids are a 404."""
+        if await self.realtime.close(session_id, "closed by DELETE /v1/sessions"):
+            return
         if not any(served.loaded.close_session(session_id) for served in self.models.values()):
             raise ApiError(
                 404,
@@ -47,15 +95,24 @@ def router() -> APIRouter:
     @router.post("/sessions", response_model=SessionObject)
     async def open_session(request: Request, sessions: Sessions = Depends(_sessions)) -> SessionObject:
         """fv: open a session; videos created with its ``session_id`` continue one video, each with its
-        own prompt, from where the last one stopped (causal cards)."""
+        own prompt, from where the last one stopped (causal cards). With ``fps``: a real-time session,
+        made chunk by chunk while a client listens on ``/v1/sessions/{id}/ws`` (429 when the instance
+        cannot meet its deadlines beside the sessions it holds)."""
         body = validate(SessionCreate, await read_body(request))
+        if body.fps is not None:
+            return sessions.open_realtime(body)
         model, sid = sessions.open_session(body.model, body.ttl_s)
         return SessionObject(id=sid, model=model)
+
+    @router.get("/sessions/{session_id}")
+    async def session_record(session_id: str, sessions: Sessions = Depends(_sessions)) -> dict[str, Any]:
+        """fv: a real-time session's record (deadline misses, chunk latency, achieved fps, KV bytes)."""
+        return sessions.session_record(session_id)
 
     @router.delete("/sessions/{session_id}", response_model=SessionDeleted)
     async def close_session(session_id: str, sessions: Sessions = Depends(_sessions)) -> SessionDeleted:
         """fv: close a session and free its cache (a video continuing it fails at its next step)."""
-        sessions.close_session(session_id)
+        await sessions.close_session(session_id)
         return SessionDeleted(id=session_id)
 
     return router

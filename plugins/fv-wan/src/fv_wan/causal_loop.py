@@ -47,7 +47,7 @@ from fv_wan.params import CausalWanParams
 from fv_wan.samplers import chunk_schedule, renoise, shifted
 from fv_wan.sessions import session_shape
 from fv_wan.t2v_loop import WanLoop
-from fv_wan.text_cache import cached_kv
+from fv_wan.text_cache import cached_kv, clean_prompt, set_embeds, text_keys
 from fv_wan.variant import HIGH_NOISE
 
 DIT = HIGH_NOISE  # the transformer component
@@ -105,6 +105,8 @@ class CausalWanLoop(WanLoop):
         )
         if p.session_id is not None:
             self._continue(state, p, p.session_id)
+        if p.steer_from is not None and p.steer_strength < 1:
+            self._steer(state, p)
         writes = chunks if v["session"] else chunks - 1  # a session keeps its last chunk for the next request
         state.total_steps = chunks * v["steps"] + writes  # transformer passes: denoise steps and writes
         v["phase"] = self._next_phase(state)
@@ -132,6 +134,23 @@ class CausalWanLoop(WanLoop):
         )
         if session.vae_cache is not None:
             self._keep_vae_cache(state, session.vae_cache)
+
+    def _steer(self, state: LoopState, p: CausalWanParams) -> None:
+        """Steering: encode ``steer_from`` as a second prompt row; the chunks attend to the text keys/values
+        ``steer_strength * prompt's + (1 - steer_strength) * steer_from's``."""
+        inst, t = self.instance, state.tensors
+        enc = inst.component("tokenizer")(
+            [clean_prompt(p.prompt), clean_prompt(p.steer_from or "")], padding="max_length",
+            max_length=p.max_sequence_length, truncation=True, add_special_tokens=True,
+            return_attention_mask=True, return_tensors="pt",
+        )  # fmt: skip
+        t.update(input_ids=enc.input_ids, mask=enc.attention_mask)
+        t.pop("text", None)
+        state.values["steer_strength"] = p.steer_strength
+        cached = [inst.feature_cache.get(k) for k in text_keys(inst, state)]
+        state.values["cache_hits"] = sum(c is not None for c in cached)
+        if all(c is not None for c in cached):
+            set_embeds(state, torch.stack(cached))
 
     def _next_phase(self, state: LoopState) -> str:
         """What the request still lacks: text, its keys/values, then per chunk: denoise steps, the chunk's
@@ -174,8 +193,9 @@ class CausalWanLoop(WanLoop):
         return state
 
     def finalize(self, state: LoopState) -> LoopResult:
-        self.release(state)
         v, t = state.values, state.tensors
+        kv_bytes = len(v["seq"]["pages"]) * self.instance.kv_pool.page_bytes  # its cache at the end
+        self.release(state)
         metrics = {
             "steps": v["steps"],  # denoise steps per chunk (num_inference_steps)
             "passes": state.step,  # transformer passes: every chunk's steps and the cache writes
@@ -187,6 +207,7 @@ class CausalWanLoop(WanLoop):
             "cfg": "off",
             "evicted_frames": list(v["evicted"]),
             "max_cached_frames": v["max_cached_frames"],
+            "kv_bytes": kv_bytes,
             "session": v["session"],  # the session it continued (None: a video of its own)
             "first_latent_frame": v["offset"],  # of the session's video
             "kernels": {"attention": "sdpa (block-causal, fv_wan.causal_transformer)"},
@@ -253,6 +274,9 @@ class CausalWanLoop(WanLoop):
         ctx = pool.gather([seq], context_frames(len(v["cache_frames"]), v["window"]) * tpf)
         cos, sin = frame_rope(transformer, v["offset"] + c * n, n, latents.shape[3], latents.shape[4])
         kv = t[f"kv.{DIT}"][:1]
+        if t[f"kv.{DIT}"].shape[0] > 1:  # steering: blend the prompt's text keys/values into steer_from's
+            s = v["steer_strength"]
+            kv = (s * kv.float() + (1 - s) * t[f"kv.{DIT}"][1:2].float()).to(kv.dtype)
         room = max(len(v["cache_frames"]) + n - v["window"], 0) if write else -1
         inputs = {
             "latents": latents.to(inst.dtype),

@@ -111,6 +111,17 @@ class CausalWanParams(WanParams):
     session_id: str | None = Field(
         None, max_length=64, description="continue this open session's video (its frames, cache and window)"
     )
+    steer_from: str | None = Field(
+        None,
+        max_length=4096,
+        description="steering: the prompt this request moves away from (with steer_strength)",
+    )
+    steer_strength: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="steering: the share of prompt against steer_from in the text keys/values",
+    )
 
     def check(self, card: ModelCard, loop_id: str) -> None:
         super().check(card, loop_id)
