@@ -202,10 +202,15 @@ class JobStore:
         )
 
     def progress(self, job_id: str, progress: int) -> None:
-        self.db.execute(
-            f"UPDATE jobs SET status='in_progress', progress=? WHERE id=? AND owner=? AND {_UNFINISHED}",
-            (progress, job_id, self.me),
-        )
+        """Record a step's progress; on PostgreSQL without waiting for the disk (a crash loses at most
+        the last few percents, which the job's restart redoes anyway)."""
+        with self.db.transaction():
+            if self.db.postgres:
+                self.db.execute("SET LOCAL synchronous_commit TO OFF")
+            self.db.execute(
+                f"UPDATE jobs SET status='in_progress', progress=? WHERE id=? AND owner=? AND {_UNFINISHED}",
+                (progress, job_id, self.me),
+            )
 
     def complete(self, job_id: str, size: str, seconds: str) -> bool:
         """Publish the staged mp4 and provenance (``video_path``) and mark the job completed; False

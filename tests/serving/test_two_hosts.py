@@ -1,0 +1,112 @@
+"""Two "hosts" on one machine: two server processes with their own data dirs that share only a PostgreSQL
+job store and an S3 bucket (a real S3 server process). Jobs go through both; a delete through one
+cancels the other's running job; one is killed mid-run: no job is lost, its queued jobs run on the
+other, every finished job downloads through the other (from the bucket), and no job runs twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from fv_core.serving.store import Database
+from tests.serving.support import TINY, tiny_deploy
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+CLIENTS, JOBS = 4, 2  # per client, one through each host
+ASK = {"model": TINY, "size": "32x32", "extra_body": {"num_frames": 5, "num_inference_steps": 6}}
+
+
+def _start(tmp_path, name: str, deploy: dict) -> tuple[subprocess.Popen, str]:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({**deploy, "data_dir": str(tmp_path / name)}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.serving.replica", str(path), name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FV_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    line = proc.stdout.readline() if proc.stdout else ""
+    assert line.startswith("port "), f"replica {name} did not start: {line!r}"
+    return proc, f"http://127.0.0.1:{line.split()[1]}"
+
+
+def _completed(url: str) -> float:
+    found = re.search(
+        rf'^fv_jobs_total{{model="{TINY}",status="completed"}} (\S+)$', httpx.get(f"{url}/metrics").text, re.M
+    )
+    return float(found[1]) if found else 0.0
+
+
+def _cancelled(url: str) -> float:
+    found = re.search(
+        rf'^fv_jobs_total{{model="{TINY}",status="cancelled"}} (\S+)$', httpx.get(f"{url}/metrics").text, re.M
+    )
+    return float(found[1]) if found else 0.0
+
+
+def test_two_hosts_share_postgres_and_s3_and_survive_one_killed(tmp_path, postgres, s3):
+    url = postgres.database()
+    deploy = tiny_deploy(tmp_path, max_running=1, max_steps=200).model_dump(mode="json")
+    deploy.update(store=url, artifacts=f"s3://{s3.bucket}/two-hosts", shutdown_grace_s=0)
+    with ThreadPoolExecutor(2) as pool:
+        (a, a_url), (b, b_url) = pool.map(lambda n: _start(tmp_path, n, deploy), ["host-a", "host-b"])
+    try:
+        clients = {u: openai.OpenAI(base_url=f"{u}/v1", api_key="-", max_retries=0) for u in (a_url, b_url)}
+        on_a = clients[a_url].videos.create(prompt="deleted through b", **{**ASK, "extra_body": {
+            "num_frames": 5, "num_inference_steps": 200}})  # fmt: skip
+        while clients[b_url].videos.retrieve(on_a.id).status != "in_progress":
+            time.sleep(0.02)
+        assert clients[b_url].videos.delete(on_a.id).deleted
+        deadline = time.monotonic() + 10
+        while _cancelled(a_url) < 1:  # a's watcher saw the row gone and cancelled at a step boundary
+            assert time.monotonic() < deadline, "host a never cancelled the job deleted through b"
+            time.sleep(0.05)
+
+        def submit(i: int) -> list[tuple[str, str]]:
+            urls = (a_url, b_url)
+            return [
+                (urls[j % 2], clients[urls[j % 2]].videos.create(prompt=f"c{i} j{j}", **ASK).id)
+                for j in range(JOBS)
+            ]
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            jobs = [job for batch in pool.map(submit, range(CLIENTS)) for job in batch]
+        via_a = [job_id for u, job_id in jobs if u == a_url]
+        while all(clients[b_url].videos.retrieve(j).status != "completed" for j in via_a):
+            time.sleep(0.02)  # a is mid-run: one of its jobs done, others running or queued
+        a.kill()
+        a.wait(10)
+        done_by_a = {j for j in via_a if clients[b_url].videos.retrieve(j).status == "completed"}
+
+        b_client, ends = clients[b_url], {}
+        deadline = time.monotonic() + 60
+        for _, job_id in jobs:
+            while (video := b_client.videos.retrieve(job_id)).status in ("queued", "in_progress"):
+                assert time.monotonic() < deadline, f"{job_id} never finished: {video}"
+                time.sleep(0.05)
+            ends[job_id] = video
+        for job_id, video in ends.items():  # none lost: each completed, or failed with the reason
+            assert video.status == "completed" or video.error.code == "server_restart", video
+            if video.status == "completed":  # from the bucket, through the host that lives
+                assert len(b_client.videos.download_content(job_id).read()) > 1000
+        db = Database(url)
+        owners = dict(db.execute("SELECT id, owner FROM jobs").fetchall())
+        db.close()
+        taken_over = [j for j in via_a if owners[j] == "host-b" and ends[j].status == "completed"]
+        assert taken_over, "host b ran none of host a's queued jobs"
+        completed = [j for j, v in ends.items() if v.status == "completed"]
+        assert set(completed) - done_by_a == {j for j in completed if owners[j] == "host-b"}
+        assert _completed(b_url) == len(completed) - len(done_by_a)  # b ran each of the rest once
+    finally:
+        for proc in (a, b):
+            proc.kill()
+            proc.wait(10)
