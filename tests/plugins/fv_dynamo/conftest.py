@@ -62,7 +62,9 @@ def _wait(what: str, ready, procs, logs: Path, timeout: float = 90.0) -> None:
     while time.monotonic() < deadline:
         for proc in procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args[:3]} exited ({proc.returncode}) waiting for {what}; logs: {logs}")
+                raise RuntimeError(
+                    f"{proc.args[:3]} exited ({proc.returncode}) waiting for {what}; logs: {logs}"
+                )
         try:
             if ready():
                 return
@@ -107,8 +109,23 @@ def dynamo(tmp_path_factory) -> Dynamo:
     try:
         start("etcd", binary("etcd"), "--data-dir", str(root / "etcd"), "--listen-client-urls", etcd_url,
               "--advertise-client-urls", etcd_url, "--listen-peer-urls", f"http://127.0.0.1:{peer_port}")  # fmt: skip
-        start("nats", binary("nats-server"), "-a", "127.0.0.1", "-p", str(nats_port), "-js", "-sd", str(root / "nats"))
-        _wait("etcd and NATS", lambda: httpx.get(f"{etcd_url}/health").is_success and _port_open(nats_port), procs, logs)
+        start(
+            "nats",
+            binary("nats-server"),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(nats_port),
+            "-js",
+            "-sd",
+            str(root / "nats"),
+        )
+        _wait(
+            "etcd and NATS",
+            lambda: httpx.get(f"{etcd_url}/health").is_success and _port_open(nats_port),
+            procs,
+            logs,
+        )
         start("frontend", sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
               "--http-port", str(http_port), "--namespace", NAMESPACE)  # fmt: skip
         start("worker", binary("fv"), "dynamo-worker", str(deploy_file), "--namespace", NAMESPACE)
@@ -120,7 +137,8 @@ def dynamo(tmp_path_factory) -> Dynamo:
 
             def registered() -> bool:
                 models = frontend.get("/v1/models").json()["data"]
-                return "ready" in (logs / "worker.log").read_text() and {m["id"] for m in models} == {TINY, CHAT}
+                served = {m["id"] for m in models}
+                return "ready" in (logs / "worker.log").read_text() and served == {TINY, CHAT}
 
             _wait("the worker's registration", registered, procs, logs)
             [url] = re.findall(r"ready, fv server at (\S+)", (logs / "worker.log").read_text())

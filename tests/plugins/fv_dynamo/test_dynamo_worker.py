@@ -7,16 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from dynamo.runtime import DistributedRuntime
+import httpx
+import pytest
 
-from fv_dynamo import slug
-from tests.serving.support import TINY
+pytest.importorskip(
+    "dynamo.runtime",
+    reason="ai-dynamo is not installed (wheels: Linux x86_64 / aarch64). Fix: pip install -r requirements-dev.txt",
+)
+from dynamo.runtime import DistributedRuntime  # noqa: E402
+from fv_dynamo import slug  # noqa: E402
+
+from tests.serving.support import TINY  # noqa: E402
 
 CHAT = "bagel-tiny"
 
@@ -80,17 +89,25 @@ def test_an_image_through_dynamo_has_the_pixels_of_fv_serve(dynamo):
 def test_bad_input_comes_back_with_fvs_message(dynamo):
     video = dynamo_video(dynamo, 1, "b64_json", num_frames=500)
     assert video["status"] == "failed" and video["data"] == []
-    assert "num_frames=500" in video["error"] and "max_frames=81" in video["error"] and "Fix:" in video["error"]
+    error = video["error"]
+    assert "num_frames=500" in error and "max_frames=81" in error and "Fix:" in error
     # an image request fv refuses fails through Dynamo too; Dynamo 1.4.2's frontend answers a failed
     # image stream as a 500 of its own ("Failed to fold images stream"), without the worker's message
     image = dynamo.frontend.post(
-        "/v1/images/generations", json={"model": TINY, "prompt": "x", "size": "32x32", "response_format": "url"}
+        "/v1/images/generations",
+        json={"model": TINY, "prompt": "x", "size": "32x32", "response_format": "url"},
     )
     assert image.status_code >= 400 and "data" not in image.json(), image.text
 
 
 def chat(**extra) -> dict:
-    return {"model": CHAT, "messages": [{"role": "user", "content": "describe a cat"}], "max_tokens": 6, "seed": 3, **extra}
+    return {
+        "model": CHAT,
+        "messages": [{"role": "user", "content": "describe a cat"}],
+        "max_tokens": 6,
+        "seed": 3,
+        **extra,
+    }
 
 
 def test_chat_through_dynamo_is_the_worker_servers_answer(dynamo):
@@ -102,7 +119,11 @@ def test_chat_through_dynamo_is_the_worker_servers_answer(dynamo):
     assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
     streamed = dynamo.frontend.post("/v1/chat/completions", json=chat(stream=True))
     chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
-    assert len(chunks) > 2 and "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == want["choices"][0]["message"]["content"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert len(chunks) > 2 and text == want["choices"][0]["message"]["content"]
+    # a chat fv refuses answers fv's status and message through Dynamo
+    refused = dynamo.frontend.post("/v1/chat/completions", json=chat(top_p=0.0))
+    assert refused.status_code == 400 and "top_p" in refused.text and "Fix:" in refused.text
     # the Wan card answers in no text: it registers no chat, and Dynamo's frontend refuses it
     assert dynamo.frontend.post("/v1/chat/completions", json=chat(model=TINY)).status_code == 404
 
@@ -139,7 +160,7 @@ def test_the_worker_exports_its_deployment_card_and_calibrated_cost_model(dynamo
     assert registered["deployment"]["determinism"] == "bitwise"
     assert registered["deployment"]["model"]["card"] == TINY
     assert registered["card"]["tasks"] == {"t2v": ["video"], "t2i": ["image"]}
-    assert registered["cost_model"]["step_cost"]["t2v"] == {"base_s": 0.004, "per_token_s": 2e-6, "peak_bytes_per_token": 0}
+    assert registered["cost_model"]["step_cost"]["t2v"]["base_s"] == 0.004  # the tiny card's step cost
     dynamo_video(dynamo, 11, "url")  # at least one job measured before the live card is read
     for name, value in dynamo.env.items():
         monkeypatch.setenv(name, value)
@@ -150,3 +171,31 @@ def test_the_worker_exports_its_deployment_card_and_calibrated_cost_model(dynamo
     assert {c["loop"] for c in calibrations} <= set(live["cost_model"]["step_cost"])
     assert live["cost_model"]["accuracy"]["measured_s"] > 0
     assert registered["cost_model"]["calibrations"] == []  # registered before the first job ran
+
+
+def test_a_client_that_leaves_cancels_its_video_job(dynamo):
+    """Dynamo stops the request when its client goes away; the worker deletes the fv job, which the
+    engine drops at its next step boundary."""
+    long = {"size": "160x160", "nvext": {"seed": 5, "num_frames": 41, "num_inference_steps": 100}}
+    body = {"model": TINY, "prompt": "a fox that leaves", "response_format": "url", **long}
+
+    def leave() -> None:
+        with contextlib.suppress(httpx.TimeoutException):
+            dynamo.frontend.post("/v1/videos", json=body, timeout=2.0)
+
+    client = threading.Thread(target=leave)
+    client.start()
+    deadline = time.monotonic() + 10
+    running = []
+    while not running and time.monotonic() < deadline:
+        jobs = dynamo.worker.get("/v1/videos", params={"limit": 100}).json()["data"]
+        running = [j for j in jobs if j["prompt"] == body["prompt"] and j["status"] == "in_progress"]
+        time.sleep(0.05)
+    assert running, "the job never ran"
+    client.join()
+    deadline = time.monotonic() + 20
+    while (job := dynamo.worker.get(f"/v1/videos/{running[0]['id']}")).status_code == 200:
+        assert job.json()["status"] != "completed", "the job ran to its end after its client left"
+        assert time.monotonic() < deadline, job.json()
+        time.sleep(0.05)
+    assert job.status_code == 404

@@ -66,12 +66,17 @@ class Handlers:
             yield self._failed(None, fv_message(answer), start)
             return
         job = answer.json()
-        while job["status"] in ("queued", "in_progress"):
-            if context.is_stopped() or context.is_killed():
-                await self.http.delete(f"/v1/videos/{job['id']}")
-                return
-            await asyncio.sleep(POLL_S)
-            job = (await self.http.get(f"/v1/videos/{job['id']}")).json()
+        try:
+            while job["status"] in ("queued", "in_progress") and not (
+                context.is_stopped() or context.is_killed()
+            ):
+                await asyncio.sleep(POLL_S)
+                job = (await self.http.get(f"/v1/videos/{job['id']}")).json()
+        finally:
+            if job["status"] in ("queued", "in_progress"):  # its client went away (or Dynamo stopped it)
+                await asyncio.shield(self.http.delete(f"/v1/videos/{job['id']}"))
+        if job["status"] in ("queued", "in_progress"):
+            return
         if job["status"] != "completed":
             yield self._failed(job["id"], (job.get("error") or {}).get("message", job["status"]), start)
             return
@@ -115,7 +120,9 @@ class Handlers:
                 "Fix: send response_format='b64_json' (or leave it out).",
             )
         body = {k: request[k] for k in IMAGE_FIELDS if request.get(k) is not None}
-        answer = await self.http.post("/v1/images/generations", json={**body, "model": self.model, **nvext(request)})
+        answer = await self.http.post(
+            "/v1/images/generations", json={**body, "model": self.model, **nvext(request)}
+        )
         if answer.status_code != 200:
             raise HttpError(answer.status_code, fv_message(answer))
         yield answer.json()
@@ -125,7 +132,9 @@ class Handlers:
         # usage in the last chunk when the client streams and asked for it, always when Dynamo folds the
         # chunks into one answer (a client that did not stream)
         usage = (request.get("stream_options") or {}).get("include_usage") or not request.get("stream")
-        body.update(model=self.model, stream=True, stream_options={"include_usage": bool(usage)}, **nvext(request))
+        body.update(
+            model=self.model, stream=True, stream_options={"include_usage": bool(usage)}, **nvext(request)
+        )
         async with self.http.stream("POST", "/v1/chat/completions", json=body) as answer:
             if answer.status_code != 200:
                 await answer.aread()

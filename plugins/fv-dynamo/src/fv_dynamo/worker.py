@@ -76,9 +76,13 @@ async def serve_worker(
         service = app.state.service
         served: list[tuple[Any, Any]] = []
         for name in service.models:
-            served += await register(runtime, namespace, service, name, Handlers(http, name, public_url or url))
+            served += await register(
+                runtime, namespace, service, name, Handlers(http, name, public_url or url)
+            )
         endpoints = asyncio.ensure_future(asyncio.gather(*(ep.serve_endpoint(h) for ep, h in served)))
-        log.warning("dynamo worker: %s in namespace %r, fv server at %s", sorted(service.models), namespace, url)
+        log.warning(
+            "dynamo worker: %s in namespace %r, fv server at %s", sorted(service.models), namespace, url
+        )
         if on_ready is not None:
             on_ready(url)
         await asyncio.wait({serving, endpoints}, return_when=asyncio.FIRST_COMPLETED)
