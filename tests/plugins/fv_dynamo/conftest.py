@@ -138,7 +138,7 @@ def dynamo(tmp_path_factory) -> Dynamo:
             def registered() -> bool:
                 models = frontend.get("/v1/models").json()["data"]
                 served = {m["id"] for m in models}
-                return "ready" in (logs / "worker.log").read_text() and served == {TINY, CHAT}
+                return "fv-dynamo: ready" in (logs / "worker.log").read_text() and served == {TINY, CHAT}
 
             _wait("the worker's registration", registered, procs, logs)
             [url] = re.findall(r"ready, fv server at (\S+)", (logs / "worker.log").read_text())

@@ -91,6 +91,10 @@ def test_bad_input_comes_back_with_fvs_message(dynamo):
     assert video["status"] == "failed" and video["data"] == []
     error = video["error"]
     assert "num_frames=500" in error and "max_frames=81" in error and "Fix:" in error
+    webm = dynamo.frontend.post(
+        "/v1/videos", json={"model": TINY, "prompt": "x", "output_format": "webm"}
+    ).json()
+    assert webm["status"] == "failed" and "output_format='webm'" in webm["error"] and "Fix:" in webm["error"]
     # an image request fv refuses fails through Dynamo too; Dynamo 1.4.2's frontend answers a failed
     # image stream as a 500 of its own ("Failed to fold images stream"), without the worker's message
     image = dynamo.frontend.post(

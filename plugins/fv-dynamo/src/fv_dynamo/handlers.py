@@ -57,6 +57,10 @@ class Handlers:
 
     async def videos(self, request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
         start = time.monotonic()
+        if request.get("output_format") not in (None, "mp4"):
+            message = f"output_format={request['output_format']!r}: fv makes mp4. Fix: send 'mp4' (or leave it out)."
+            yield self._failed(None, message, start)
+            return
         body = {"model": self.model, "prompt": request.get("prompt"), **nvext(request)}
         for field in ("size", "seconds", "input_reference"):
             if request.get(field) is not None:
@@ -65,22 +69,33 @@ class Handlers:
         if answer.status_code != 200:
             yield self._failed(None, fv_message(answer), start)
             return
-        job = answer.json()
-        try:
-            while job["status"] in ("queued", "in_progress") and not (
-                context.is_stopped() or context.is_killed()
-            ):
-                await asyncio.sleep(POLL_S)
-                job = (await self.http.get(f"/v1/videos/{job['id']}")).json()
-        finally:
-            if job["status"] in ("queued", "in_progress"):  # its client went away (or Dynamo stopped it)
-                await asyncio.shield(self.http.delete(f"/v1/videos/{job['id']}"))
-        if job["status"] in ("queued", "in_progress"):
+        job = await self._follow(answer.json(), context)
+        if job is None:  # its client went away: the job is deleted
             return
-        if job["status"] != "completed":
-            yield self._failed(job["id"], (job.get("error") or {}).get("message", job["status"]), start)
+        if job.get("status") != "completed":
+            yield self._failed(job["id"], (job.get("error") or {}).get("message", str(job)), start)
             return
         yield {**self._video(job["id"], start), "data": [await self._media(job["id"], request)]}
+
+    async def _follow(self, job: dict[str, Any], context: Any) -> dict[str, Any] | None:
+        """The job once it ended; None when Dynamo stopped the request first (the client went away),
+        after deleting the job (fv cancels it at its next step boundary)."""
+        job_id, ended = job["id"], False
+        try:
+            while job["status"] in ("queued", "in_progress"):
+                if context.is_stopped() or context.is_killed():
+                    return None
+                await asyncio.sleep(POLL_S)
+                answer = await self.http.get(f"/v1/videos/{job_id}")
+                if answer.status_code != 200:  # deleted meanwhile (through fv's own API)
+                    ended = True
+                    return {"id": job_id, "status": "failed", "error": {"message": fv_message(answer)}}
+                job = answer.json()
+            ended = True
+            return job
+        finally:
+            if not ended:  # stopped, or this task was cancelled
+                await asyncio.shield(self.http.delete(f"/v1/videos/{job_id}"))
 
     async def _media(self, job_id: str, request: dict[str, Any]) -> dict[str, Any]:
         """The mp4 as Dynamo's ``VideoData``: inline (``b64_json``) or a link to it (``url``, the default)."""
