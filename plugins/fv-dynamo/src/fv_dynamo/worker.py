@@ -107,6 +107,8 @@ async def register(
     if "image" in outputs:
         kind = ModelType.Images | ModelType.Chat if "text" in outputs else ModelType.Images
         kinds.append((kind, "generate", handlers.images_or_chat))
+    if "text" in outputs and "image" not in outputs:  # Dynamo registers a Chat-only model from its HF folder
+        log.warning("dynamo worker: %r answers only in text: not registered for chat (needs images)", name)
     for model_type, endpoint_name, handler in kinds:
         endpoint = runtime.endpoint(f"{prefix}.{endpoint_name}")
         await register_model(
