@@ -124,6 +124,8 @@ def build(row: Row) -> ModelCard:
             loader="diffusers.loaders.lora_pipeline:QwenImageLoraLoaderMixin", components=["transformer"]
         ),
         parity=ParitySpec(level="C1", reference=f"diffusers:{PIPELINE}", tolerances={"frames": 1e-5}),
+        # a deploy's packed_attention kernel packs requests of different sizes into one step
+        accepts_kernels={"attention": ["sdpa"], "packed_attention": ["*"]},
         capabilities=CapabilityMatrix(
             interceptors={"step_skip", "block_skip"}, max_resolution=row.max_resolution
         ),

@@ -49,6 +49,7 @@ class QwenImageModel(SyncableComponents):
                 f"card {card.model_id!r} selects attention {card.kernels['attention']!r}; Qwen-Image's blocks run "
                 "diffusers' own attention (SDPA). Fix: drop the attention kernel from the deploy entry."
             )
+        self.kernels = dict(kernels or {})  # op -> (implementation, record); packed_attention packs steps
         self.weights = Path(weights).expanduser()
         if not (self.weights / "model_index.json").is_file():
             raise WeightsError(
@@ -92,7 +93,8 @@ class QwenImageModel(SyncableComponents):
             return module.to(self.device) if isinstance(module, torch.nn.Module) else module
 
     def kernel_records(self) -> dict[str, Any]:
-        return {"attention": "sdpa"}  # diffusers' own attention processor: torch SDPA
+        packed = {op: record for op, (_, record) in self.kernels.items() if op == "packed_attention"}
+        return {"attention": "sdpa", **packed}  # diffusers' own attention processor: torch SDPA
 
     def resident_bytes(self) -> int:
         """Bytes admission reserves: the resident components plus the feature cache at its budget."""
