@@ -21,8 +21,9 @@ def clip_folder(tmp_path_factory):
 
 
 def test_score_is_clips_cosine_as_transformers_computes_it(clip_folder):
-    from fv_clip_score.scorer import ClipScorer
     from transformers import CLIPModel, CLIPProcessor
+
+    from fv_clip_score.scorer import ClipScorer
 
     frames = torch.rand(4, 3, 40, 48, 3, generator=torch.Generator().manual_seed(0))
     prompts = ["a red circle", "blue square", "x", "a green triangle moving up"]

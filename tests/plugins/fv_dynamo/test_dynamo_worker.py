@@ -23,8 +23,8 @@ pytest.importorskip(
     reason="ai-dynamo is not installed (wheels: Linux x86_64 / aarch64). Fix: pip install -r requirements-dev.txt",
 )
 from dynamo.runtime import DistributedRuntime  # noqa: E402
-from fv_dynamo import slug  # noqa: E402
 
+from fv_dynamo import slug  # noqa: E402
 from tests.serving.support import TINY  # noqa: E402
 
 CHAT = "bagel-tiny"

@@ -4,11 +4,11 @@ default weights are these), a folder of another shape, fv instances and diffuser
 from __future__ import annotations
 
 import pytest
-from fv_qwen_image import plugin
-from fv_qwen_image.tiny import tiny_weights, write_tiny_checkpoint
 
 import fv_core
 from fv_core.plugins import PluginHost
+from fv_qwen_image import plugin
+from fv_qwen_image.tiny import tiny_weights, write_tiny_checkpoint
 
 # 3 blocks of 3 heads x 8, rope axes (2, 2, 4), a 24-wide text encoder of 2 heads (mrope 2+2+2 = 12/2)
 SECOND_SHAPE = dict(

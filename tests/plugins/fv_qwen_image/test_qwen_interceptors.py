@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fv_qwen_image import plugin
 
 import fv_cache_dit.plugin
 import fv_core
@@ -13,6 +12,7 @@ from fv_cache_dit import FBCache
 from fv_core.parity import compare_results
 from fv_core.plugins import PluginHost
 from fv_core.runtime import Engine
+from fv_qwen_image import plugin
 
 BASE = dict(negative_prompt=" ", true_cfg_scale=4.0, height=32, width=32, num_inference_steps=3)
 PROMPTS = ["a cat holding a sign", "a lighthouse", "a bowl of soup"]

@@ -9,13 +9,13 @@ import pytest
 import torch
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift as diffusers_shift
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import retrieve_timesteps
+
+from fv_core import ConfigError
 from fv_qwen_image.bodies import decode_body, encode_body, pack, unpack
 from fv_qwen_image.t2i_loop import calculate_shift, schedule, true_cfg
 from fv_qwen_image.text_cache import tokenize
 from fv_qwen_image.tiny import QWEN_SCHEDULER_CONFIG
 from fv_qwen_image.transformer import qwen_forward
-
-from fv_core import ConfigError
 
 PROMPTS = ["a red cat on a wooden table", " ", "x" * 1200]  # the last is cut at 1024 + 34 tokens
 
