@@ -103,6 +103,14 @@ class PagedKVPool:
     def used_pages(self) -> int:
         return self.num_pages - len(self._free)
 
+    def drain(self) -> int:
+        """Evict what a cache keeps only for later requests (``reclaim`` until it frees nothing more);
+        returns the pages still in use (held by sequences: 0 once every request gave its pages back)."""
+        with self.lock:
+            while self.reclaim is not None and self.reclaim():
+                pass
+            return self.used_pages
+
     def pages_for(self, tokens: int) -> int:
         """Pages a sequence of ``tokens`` tokens holds."""
         return -(-tokens // self.page_size)

@@ -62,9 +62,13 @@ class PrefixCache:
 
     @property
     def cached_pages(self) -> int:
-        """Pages the cache holds a reference on."""
+        """How many pages the cache holds a reference on."""
+        return len(self.pages())
+
+    def pages(self) -> set[int]:
+        """The pages the cache holds a reference on."""
         with self.pool.lock:
-            return sum(1 for _ in self._nodes())
+            return {node.page for node in self._nodes()}
 
     def lookup(self, namespace: Hashable, keys: Sequence[Hashable]) -> KVSeq:
         """A new sequence over the cached pages of the longest prefix of ``keys`` (the caller owns it:
@@ -99,7 +103,8 @@ class PrefixCache:
 
     def insert(self, namespace: Hashable, keys: Sequence[Hashable], seq: KVSeq) -> None:
         """Record ``seq``'s pages under ``keys`` (one per token of ``seq``). Pages of prefixes already cached
-        stay as they are; a partly filled page that a longer one now covers is dropped."""
+        stay as they are (a sequence that wrote its own copy of a cached prefix adds nothing past it); a
+        partly filled page that a longer one now covers is dropped."""
         if len(keys) != seq.length:
             raise ValueError(f"insert of {seq.length} tokens with {len(keys)} keys: give one key per token")
         size = self.pool.page_size
@@ -110,6 +115,12 @@ class PrefixCache:
             for index, page in enumerate(seq.pages):
                 chunk = tuple(keys[index * size : (index + 1) * size])
                 child = node.children.get(chunk)
+                if child is not None and child.page != page:
+                    # another sequence's copy of this prefix: keep it, and hang nothing of this sequence
+                    # under it (a page held by a sequence always has its ancestors held by it too, so
+                    # whatever only the cache holds can be evicted, leaves first)
+                    child.used = now
+                    return
                 if child is None:
                     for other in [c for c in node.children.values() if _covers(chunk, c.keys)]:
                         self._remove(other)  # a partial page this one extends: never the better match
@@ -142,16 +153,17 @@ class PrefixCache:
         leaves = [n for n in self._nodes() if not n.children and self.pool.refs[n.page] == 1]
         if not leaves:
             return False
-        self._remove(min(leaves, key=lambda n: n.used))
+        leaf = min(leaves, key=lambda n: n.used)
+        self._remove(leaf)
         self.stats.evicted_pages += 1
+        if leaf.parent is not None and leaf.parent.page == -1 and not leaf.parent.children:  # an empty namespace
+            self._roots = {k: r for k, r in self._roots.items() if r is not leaf.parent}
         return True
 
     def _remove(self, node: _Node) -> None:
         assert node.parent is not None and not node.children, "only leaves are removed"
         del node.parent.children[node.keys]
         self.pool.drop([node.page])
-        if node.parent.page == -1 and not node.parent.children:  # an empty namespace
-            self._roots = {k: r for k, r in self._roots.items() if r is not node.parent}
 
 
 def _common(a: tuple, b: tuple) -> int:

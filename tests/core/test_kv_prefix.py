@@ -83,3 +83,16 @@ def test_insert_needs_a_key_per_token():
         PrefixCache(pool).insert("v", [1, 2], written(pool, 3, 0))
     with pytest.raises(ValueError, match="truncate to 5"):
         pool.truncate(written(pool, 3, 1), 5)
+
+
+def test_a_second_copy_of_a_cached_prefix_adds_nothing_and_all_stays_evictable():
+    pool = PagedKVPool(2, 3, 4, page_size=4, num_pages=8)
+    cache = PrefixCache(pool)
+    first, second = written(pool, 6, 0), written(pool, 8, 1)  # prefilled side by side: two copies
+    cache.insert("v", list(range(6)), first)
+    cache.insert("v", list(range(8)), second)  # its first page is another copy: nothing added past it
+    assert cache.pages() == set(first.pages)
+    pool.release(first)
+    assert pool.drain() == len(second.pages)  # the cache's own pages went back; the sequence's stay
+    pool.release(second)
+    assert pool.drain() == 0

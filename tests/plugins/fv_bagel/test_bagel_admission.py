@@ -36,11 +36,18 @@ def chat(model, prompt: str, seed: int, max_tokens: int = 30, rid: str | None = 
     return model.prepare(params, task="chat", request_id=rid or f"{prompt}/{seed}")
 
 
-def watch(engine: Engine, pool) -> list[tuple[int, int, int]]:
-    """(running, reserved pages, used pages) after every event."""
+def watch(engine: Engine, model) -> list[tuple[int, int, int]]:
+    """(running, reserved pages, pages requests hold) after every event (a page the prefix cache keeps
+    counts only while a request holds it too)."""
     seen: list[tuple[int, int, int]] = []
+    pool, cache = model.instance.kv_pool, model.instance.prefix
+
+    def held() -> int:
+        cached = cache.pages()
+        return sum(refs > (page in cached) for page, refs in enumerate(pool.refs))
+
     engine.on_event = lambda e: seen.append(
-        (int(engine.admission.usage()["running"]), pool.reserved_pages, pool.used_pages)
+        (int(engine.admission.usage()["running"]), pool.reserved_pages, held())
     )
     return seen
 
@@ -49,13 +56,13 @@ def test_chats_beyond_the_pool_wait_and_equal_solo_runs(two_chats):
     model, pool = two_chats, two_chats.instance.kv_pool
     solo = [Engine().run_one(*model.job(chat(model, p, s))) for p, s in CHATS]
     engine = Engine()
-    seen = watch(engine, pool)
+    seen = watch(engine, model)
     together = engine.run_batched([model.job(chat(model, p, s)) for p, s in CHATS])
     for alone, run in zip(solo, together, strict=True):
         assert run is not None and torch.equal(alone.outputs["tokens"], run.outputs["tokens"])
     assert max(r for r, _, _ in seen) == 2  # the other two waited for pages
     assert all(used <= reserved <= pool.num_pages for _, reserved, used in seen)
-    assert pool.reserved_pages == 0 and pool.used_pages == 0
+    assert pool.reserved_pages == 0 and pool.drain() == 0
 
 
 def test_a_chat_that_can_never_fit_is_refused_with_the_numbers_and_the_fix(two_chats):
@@ -66,7 +73,7 @@ def test_a_chat_that_can_never_fit_is_refused_with_the_numbers_and_the_fix(two_c
         r"prompt, or raise the card's kv cache budget",
     ):
         two_chats.generate(task="chat", prompt="hello there", max_tokens=200)  # 8 + 200 tokens
-    assert pool.reserved_pages == 0 and pool.used_pages == 0
+    assert pool.reserved_pages == 0 and pool.drain() == 0
 
 
 def test_pages_return_on_finish_and_on_cancel(two_chats):
@@ -83,7 +90,7 @@ def test_pages_return_on_finish_and_on_cancel(two_chats):
     while sched.has_work():
         sched.step()
     assert [e.error is None for e in entries] == [True, False, True, False]
-    assert pool.reserved_pages == 0 and pool.used_pages == 0 and engine.admission.usage()["running"] == 0
+    assert pool.reserved_pages == 0 and pool.drain() == 0 and engine.admission.usage()["running"] == 0
 
 
 def think(model, rid: str, seed: int = 0):
@@ -98,15 +105,16 @@ def test_think_t2i_stages_hand_over_pages_counted_once(bagel):
     pool = model.instance.kv_pool
     items = [think(model, "t0"), chat(model, *CHATS[0]), think(model, "t1", seed=1), chat(model, *CHATS[1])]
     solo = [Engine().run_one(*model.job(r)) for r in items]
+    pool.drain()  # a cold prefix cache: every context is prefilled (the order of admissions this test reads)
     engine = Engine()
-    seen = watch(engine, pool)
+    seen = watch(engine, model)
     together = engine.run_batched([model.job(r) for r in items])
     for alone, run in zip(solo, together, strict=True):
         assert run is not None
         for name, value in alone.outputs.items():
             assert np.array_equal(np.asarray(value), np.asarray(run.outputs[name])), name
     assert all(used <= reserved <= 16 for _, reserved, used in seen)
-    assert pool.reserved_pages == 0 and pool.used_pages == 0
+    assert pool.reserved_pages == 0 and pool.drain() == 0
 
 
 def test_a_stage_that_can_never_fit_frees_the_pages_handed_to_it(bagel):
@@ -114,11 +122,11 @@ def test_a_stage_that_can_never_fit_frees_the_pages_handed_to_it(bagel):
     pool = model.instance.kv_pool
     with pytest.raises(AdmissionInfeasible, match="KV needs 13 pages"):
         Engine().run_one(*model.job(think(model, "t")))
-    assert pool.reserved_pages == 0 and pool.used_pages == 0
+    assert pool.reserved_pages == 0 and pool.drain() == 0
 
 
 def test_a_stage_refused_at_init_frees_the_pages_handed_to_it(bagel):
     model = on_pages(bagel, 16)
     with pytest.raises(ConfigError, match="latent table"):  # found by the denoise stage, after the thinking
         model.generate(task="think-t2i", prompt="a red cat", max_tokens=4, num_inference_steps=2, height=160)
-    assert model.instance.kv_pool.used_pages == 0 and model.instance.kv_pool.reserved_pages == 0
+    assert model.instance.kv_pool.drain() == 0 and model.instance.kv_pool.reserved_pages == 0

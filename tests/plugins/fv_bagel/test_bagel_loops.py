@@ -150,18 +150,18 @@ def _mixed(bagel, tasks=("chat", "t2i", "think-t2i", "edit")):
 def test_interleave_gate_with_chat_t2i_and_think_t2i_mixed(bagel):
     report = assert_interleave_parity(Engine, _mixed(bagel))
     assert report.ok and report.max_abs == 0.0
-    assert bagel.instance.kv_pool.used_pages == 0  # every context's pages came back
+    assert bagel.instance.kv_pool.drain() == 0  # every context's pages came back
 
 
 def test_ragged_token_steps_batch_across_requests_bit_for_bit(bagel, monkeypatch):
     rows = []
-    body = bagel_loop.text_body
+    body = bagel_loop.token_body
 
-    def spy(net, exact, causal, inputs):
+    def spy(net, exact, inputs):
         rows.append(inputs["ids"].shape[0])
-        return body(net, exact, causal, inputs)
+        return body(net, exact, inputs)
 
-    monkeypatch.setattr(bagel_loop, "text_body", spy)
+    monkeypatch.setattr(bagel_loop, "token_body", spy)
     report = check_batched_parity(Engine, _mixed(bagel, ("chat", "t2i")), tol=0.0)
     assert (
         report.max_abs == 0.0 and max(rows) >= 2
@@ -173,16 +173,19 @@ def test_token_steps_of_different_length_buckets_share_a_call(bagel, monkeypatch
     (WorkPlan.ragged), and so are the prompts' prefills; each row's tokens equal its solo run's bit
     for bit."""
     calls, prefills = [], []
-    body = bagel_loop.text_body
+    token, text = bagel_loop.token_body, bagel_loop.text_body
 
-    def spy(net, exact, causal, inputs):
-        if inputs["ids"].shape[1] == 1:  # a token step
-            calls.append(sorted(int(n) for n in inputs["ctx_valid"].sum(1)))
-        else:
-            prefills.append(inputs["ids"].shape)
-        return body(net, exact, causal, inputs)
+    def token_spy(net, exact, inputs):
+        calls.append(sorted(int(n) for n in inputs["ctx_valid"].sum(1)))
+        return token(net, exact, inputs)
 
-    monkeypatch.setattr(bagel_loop, "text_body", spy)
+    def prefill_spy(net, exact, causal, inputs):
+        prefills.append(inputs["ids"].shape)
+        return text(net, exact, causal, inputs)
+
+    monkeypatch.setattr(bagel_loop, "token_body", token_spy)
+    monkeypatch.setattr(bagel_loop, "text_body", prefill_spy)
+    monkeypatch.setattr(bagel.instance, "prefix_caching", False)  # the batched run prefills too
 
     def items():
         prompts = ["hi", "a long question about " + "the red cat " * 15]
@@ -350,7 +353,7 @@ def test_cfg_contexts_share_their_common_prefix_pages(bagel, task):
         assert img["pages"][: img["length"] // page] == cond["pages"][: img["length"] // page]
         assert text["pages"][: text["length"] // page] == img["pages"][: text["length"] // page]
     loop.release(state)
-    assert pool.used_pages == 0
+    assert pool.drain() == 0
 
 
 def test_bad_input_names_the_value_the_rule_and_the_fix(bagel):
@@ -377,7 +380,7 @@ def test_ar_contexts_live_in_the_kv_pool_and_return_on_finish_and_cancel(fresh):
         == model.card.caches["kv"].max_bytes // pool.page_bytes * pool.page_bytes
     )
     model.generate(task="chat", prompt="describe the image", max_tokens=20)
-    assert pool.used_pages == 0
+    assert pool.drain() == 0
     sched = Engine().scheduler(batching=True)
     for i in range(2):
         sched.submit(
@@ -391,7 +394,7 @@ def test_ar_contexts_live_in_the_kv_pool_and_return_on_finish_and_cancel(fresh):
     sched.cancel("c0")
     while sched.has_work():
         sched.step()
-    assert pool.used_pages == 0
+    assert pool.drain() == 0
 
 
 @pytest.mark.parametrize("task", ["edit", "think-t2i"])
@@ -411,4 +414,4 @@ def test_shared_prefix_pages_equal_private_copies_bit_for_bit(bagel, task, monke
 
     monkeypatch.setattr(pool, "fork", private)
     copied = bagel.generate(task=task, parts=parts, **params)
-    assert np.array_equal(shared.image, copied.image) and pool.used_pages == 0
+    assert np.array_equal(shared.image, copied.image) and pool.drain() == 0

@@ -35,4 +35,4 @@ def test_saved_state_reads_back_through_the_typed_views(bagel, tmp_path):
         assert plain(typed.of(loaded)) == plain(typed.of(state))
         assert loaded.values["weights_versions"] == state.values["weights_versions"]
         loop.release(state)
-    assert bagel.instance.kv_pool.used_pages == 0
+    assert bagel.instance.kv_pool.drain() == 0

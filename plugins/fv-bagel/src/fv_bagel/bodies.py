@@ -30,6 +30,24 @@ def text_body(net: Any, exact: bool, causal: bool, inputs: dict[str, Any]) -> di
     return {"k": k, "v": v, "logits": linear(h[:, -1], lm.lm_head, exact)}
 
 
+def token_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Token steps: a causal block per row (the last token, then any draft tokens after it) over its
+    context: its keys/values and the next-token logits after every position ``[B, T, V]``."""
+    ids = inputs["ids"]
+    t = ids.shape[1]
+    lm = net.language_model
+    h, k, v = lm(
+        net.embed_tokens(ids),
+        inputs["pos"],
+        torch.ones(t, t, dtype=torch.bool, device=ids.device).tril(),
+        inputs["ctx_k"],
+        inputs["ctx_v"],
+        inputs["ctx_valid"],
+        exact=exact,
+    )
+    return {"k": k, "v": v, "logits": linear(h, lm.lm_head, exact)}
+
+
 def vit_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any]:
     """One image for understanding: SigLIP tokens between the vision markers, prefilled in full attention."""
     markers = net.embed_tokens(inputs["ids"])  # [1, 2]

@@ -22,7 +22,8 @@ from fv_core.loop import LoopKind, WorkUnitKind
 
 # BAGEL's published inference settings (inferencer.py, app.py): text generation greedy (do_sample=False);
 # t2i: 50 timesteps, text CFG 4, image CFG 1, interval [0.4, 1], global renorm, shift 3.
-CHAT_DEFAULTS = dict(max_tokens=512, temperature=0.0, top_p=1.0, top_k=0, stop=[], think=False)
+SPECULATIVE = dict(speculative_k=0, speculative_ngram=3)  # off unless a request asks (prompt lookup)
+CHAT_DEFAULTS = dict(max_tokens=512, temperature=0.0, top_p=1.0, top_k=0, stop=[], think=False, **SPECULATIVE)
 T2I_DEFAULTS = dict(
     height=1024,
     width=1024,
@@ -37,7 +38,7 @@ T2I_DEFAULTS = dict(
 
 
 TASKS = ("chat", "t2i", "think-t2i", "edit")
-THINK_DEFAULTS = dict(max_tokens=1024, temperature=0.0, top_p=1.0, top_k=0)  # app.py: max_think_token_n 1024
+THINK_DEFAULTS = dict(max_tokens=1024, temperature=0.0, top_p=1.0, top_k=0, **SPECULATIVE)  # app.py: max_think_token_n 1024
 
 
 # edit (app.py edit_image): image CFG 2, guidance over the whole schedule, per-token text renorm

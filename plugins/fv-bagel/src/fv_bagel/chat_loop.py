@@ -6,10 +6,23 @@ Each token step feeds the last token at the next position and appends its keys/v
 request's own generator. Token steps of different requests batch as rows whatever their context
 lengths (:mod:`fv_bagel.context`). ``kv_need`` tells admission the most pages the request can hold at
 once, so a request waits for pages instead of running out of them mid-decode.
+
+The context starts from the longest prefix the instance's prefix cache holds (:mod:`fv_bagel.prefill`);
+the finished context (the decoded tokens too) is recorded there, so the next turn of a conversation
+prefills only what it adds.
+
+Speculative decoding (``speculative_k`` > 0): each step drafts up to k tokens by prompt lookup (the
+latest earlier occurrence of the context's last n-gram, ``speculative_ngram`` down to 1 token, and the
+tokens that followed it) and feeds the last token and the draft as one causal block. The step's logits
+after every position are sampled in order, on the request's generator, exactly as one token a step would
+sample them; a draft token is accepted while it equals the token sampled before it, and the first token
+that differs ends the step (it is the next step's input). So the output is the same token for token; only
+the keys/values of accepted tokens are kept.
 """
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import Any
 
@@ -50,16 +63,30 @@ class ChatLoop(PrefillLoop):
             prefix + p.max_tokens + 1,
             f"a prompt of {prefix} tokens plus max_tokens={p.max_tokens}",
         )
-        ChatState(
-            segments=segments,
+        keep = bool(request.carry.get("keep_contexts"))
+        # think-t2i's AR stage prefills its contexts itself: each is handed to the denoise stage, whose
+        # admission counts them (it records them in the prefix cache all the same)
+        seq, rope, keys, left, _ = self._served(state, segments) if not keep else (KVSeq(), 0, [], segments, [])
+        s = ChatState(
+            segments=left,
             token=inst.special["bos_token_id"],  # the first decode step feeds <|im_start|>
             max_tokens=p.max_tokens,
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k,
             stop=list(p.stop),
-            keep_contexts=bool(request.carry.get("keep_contexts")),
-        ).put(state)
+            keep_contexts=keep,
+            seq=plain(seq),
+            rope=rope,
+            keys=keys,
+            reused=seq.length,
+            held=len(seq.pages),
+            speculative_k=p.speculative_k,
+            speculative_ngram=p.speculative_ngram,
+        )
+        if not left:
+            s.decode_start = time.perf_counter()
+        s.put(state)
         return state
 
     def _add_parts(self, state: LoopState, request: Any) -> list[dict[str, Any]]:
@@ -81,13 +108,14 @@ class ChatLoop(PrefillLoop):
         return {"seq": s.seq, "pool": self.instance.kv_pool, "rope": s.rope}
 
     def _append(
-        self, s: ChatState, out: dict[str, Any], rope_advance: int, segment: dict[str, Any] | None = None
+        self, s: ChatState, k: torch.Tensor, v: torch.Tensor, rope_advance: int, keys: list[Any]
     ) -> None:
         """Write a block's keys/values after the context (into this request's own pages)."""
         assert s.seq is not None, "released contexts take no more tokens"
-        seq = self.instance.kv_pool.append(KVSeq(**s.seq), *written(out, segment))
+        seq = self.instance.kv_pool.append(KVSeq(**s.seq), k, v)
         s.seq = {"pages": seq.pages, "length": seq.length}
         s.rope += rope_advance
+        s.keys += keys
 
     def kv_need(self, state: LoopState) -> tuple[PagedKVPool, int]:
         """The pool and the most pages this request holds at once: its context at its longest (the pending
@@ -99,11 +127,13 @@ class ChatLoop(PrefillLoop):
         if s.stop_reason is None:
             left += s.max_tokens - len(s.generated)
         forks = len(s.kept) + len(s.segments) if s.keep_contexts else 0
-        return pool, pool.pages_for(s.seq["length"] + left) + forks
+        return pool, pool.pages_for(s.seq["length"] + left) + forks - s.held
 
     def release(self, state: LoopState) -> None:
         """Return the context's pages to the pool (on finish, and when the request is cancelled or fails)."""
         pool, s = self.instance.kv_pool, ChatState.of(state)
+        pool.unreserve(s.held)
+        s.held = 0
         if s.seq:
             pool.release(KVSeq(**s.seq))
             s.seq = None
@@ -119,39 +149,65 @@ class ChatLoop(PrefillLoop):
             return Done(s.stop_reason)
         inst, ctx = self.instance, self._ctx(s)
         dev = inst.device
-        ids = torch.tensor([[s.token]], device=dev)
-        pos = torch.tensor([[ctx["rope"]]], device=dev)
+        draft = self._draft(s)
+        ids = torch.tensor([[s.token, *draft]], device=dev)
+        pos = ctx["rope"] + torch.arange(ids.shape[1], device=dev)[None]
         inputs = plan_inputs([ctx], ids=ids, pos=pos)
         return WorkPlan(
             kind=WorkUnitKind.AR_TOKEN,
-            body=partial(bodies.text_body, self._net(state), inst.exact, True),
+            body=partial(bodies.token_body, self._net(state), inst.exact),
             inputs=inputs,
-            # any context lengths share a call: padded to the longest
+            # any context lengths and drafts share a call: padded to the longest (causal: a row's tokens
+            # never see its padding)
             batch_key=self._key(state, "ar_decode", ()),
-            ragged=RAGGED_CONTEXT,
+            ragged={"ids": 1, "pos": 1, **RAGGED_CONTEXT},
             emits=("progress", "partial"),
-            label=f"token {len(s.generated) + 1}",
+            label=f"token {len(s.generated) + 1}" + (f" (+{len(draft)} drafted)" if draft else ""),
         )
+
+    def _draft(self, s: ChatState) -> list[int]:
+        """The tokens drafted after ``s.token`` (prompt lookup over the context; none when off)."""
+        k = min(s.speculative_k, s.max_tokens - len(s.generated) - 1)
+        if k <= 0:
+            return []
+        return lookup_draft([*s.keys, s.token], s.speculative_ngram, k)
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
         out, s = result.outputs, ChatState.of(state)
         if s.segments:
             segment = s.segments.pop(0)
-            self._append(s, out, len(segment["ids"]) if segment["kind"] == "text" else 1, segment)
+            keys = self._keys(state, segment)
+            assert keys is not None, "chat's segments are texts and images"
+            advance = len(segment["ids"]) if segment["kind"] == "text" else 1
+            self._append(s, *written(out, segment), advance, keys)
+            self._remember(state, s.keys, s.seq)  # later requests starting alike reuse these pages
+            if not s.segments:
+                s.decode_start = time.perf_counter()
             if s.keep_contexts:  # a later stage reuses the context after each segment
                 assert s.seq is not None
                 fork = self.instance.kv_pool.fork(KVSeq(**s.seq))
                 # with the net version that wrote it: only a stage on that version may read it
                 s.kept.append({"seq": plain(fork), "rope": s.rope, "net": pinned(state, "net")})
             return state
-        self._append(s, out, 1)
-        state.step += 1
         assert state.generator is not None, "init seeds the request's generator"
-        token = sample(out["logits"][0].float(), state.generator, s.temperature, s.top_p, s.top_k)
-        self._take(s, token)
-        # the step's stream payload (its "partial" event): the token and the text it settled; the
+        if state.step == 0:
+            s.prompt_tokens = s.seq["length"] if s.seq else 0
+        draft, logits = self._draft(s), out["logits"][0].float()
+        fed, tokens = [s.token, *draft], []
+        for i in range(len(fed)):  # in order, as one token a step would sample them
+            token = sample(logits[i], state.generator, s.temperature, s.top_p, s.top_k)
+            tokens.append(token)
+            self._take(s, token)
+            if s.stop_reason is not None or i == len(draft) or token != draft[i]:
+                break
+            s.accepted += 1
+        s.drafted += len(draft)
+        n = len(tokens)  # the fed tokens whose keys/values one token a step would have written
+        self._append(s, out["k"][0][..., :n, :], out["v"][0][..., :n, :], n, fed[:n])
+        state.step += 1
+        # the step's stream payload (its "partial" event): the tokens and the text they settled; the
         # logits and keys/values are dropped so a stream consumer holds no cache
-        result.outputs = {"token": token, "delta": self._delta(s)}
+        result.outputs = {"token": tokens[-1], "tokens": tokens, "delta": self._delta(s)}
         return state
 
     @staticmethod
@@ -192,16 +248,25 @@ class ChatLoop(PrefillLoop):
         outputs: dict[str, Any] = {"text": s.text, "tokens": torch.tensor(s.generated, dtype=torch.long)}
         if s.keep_contexts:  # the next stage owns these pages now
             outputs["contexts"], s.kept = s.kept, []
+        self._remember(state, s.keys, s.seq)  # the next turn of the conversation starts from it
         self.release(state)
-        return LoopResult(
-            outputs=outputs,
-            metrics={
-                "steps": state.step,
-                "stop_reason": s.stop_reason,
-                "completion_tokens": len(s.generated),
-                "prompt_tokens": context - state.step,
-            },
-        )
+        seconds = time.perf_counter() - s.decode_start if s.decode_start is not None else 0.0
+        metrics: dict[str, Any] = {
+            "steps": state.step,
+            "stop_reason": s.stop_reason,
+            "completion_tokens": len(s.generated),
+            "prompt_tokens": s.prompt_tokens if state.step else context,
+            "cached_prompt_tokens": s.reused,  # served by the prefix cache, not prefilled
+            "decode_tokens_per_s": len(s.generated) / seconds if seconds > 0 else 0.0,
+        }
+        if s.speculative_k:
+            metrics["speculative"] = {
+                "drafted": s.drafted,
+                "accepted": s.accepted,
+                "acceptance": s.accepted / s.drafted if s.drafted else 0.0,
+                "tokens_per_step": len(s.generated) / state.step if state.step else 0.0,
+            }
+        return LoopResult(outputs=outputs, metrics=metrics)
 
 
 def sample(
@@ -220,3 +285,20 @@ def sample(
         drop = probs.cumsum(0) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
         logits[order[drop]] = float("-inf")
     return int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
+
+
+def lookup_draft(history: list[Any], ngram: int, k: int) -> list[int]:
+    """Prompt lookup: the up to ``k`` text tokens that followed the latest earlier occurrence of the last
+    ``ngram`` (then fewer) tokens of ``history``; none when no n-gram recurs."""
+    for n in range(min(ngram, len(history) - 1), 0, -1):
+        tail = history[-n:]
+        for start in range(len(history) - n - 1, -1, -1):
+            if history[start : start + n] == tail:
+                follow = []
+                for key in history[start + n : start + n + k]:
+                    if not isinstance(key, int):  # an image's token: nothing to draft
+                        break
+                    follow.append(key)
+                if follow:
+                    return follow
+    return []

@@ -6,9 +6,12 @@ Weight sync (``fv_core.training.sync_weights``) comes from the core's ``Syncable
 (everything in ``ema.safetensors``: the MoT decoder, the SigLIP tower, its connector, the generation
 heads) and ``vae`` (``ae.safetensors``) are the syncable components, each versioned by its file's
 fingerprint until a sync names a new version. Requests pin both versions at init and run every step on
-those modules; keys/values in the KV pool are written and read only by the request (or program) that
-pinned the ``net`` version that made them, and no cache outlives a request, so a swap drops nothing and
-a replaced version is freed when the last request pinning it ends.
+those modules; keys/values in the KV pool are read only under the ``net`` version that made them (the
+prefix cache's namespaces carry it), so a swap drops nothing and a replaced version is freed when the
+last request pinning it ends (its cached prefixes are evicted as the pool needs their pages).
+
+Prefix caching (``prefix_caching``, on by default): contexts' pages stay in the pool after their request,
+in a :class:`fv_core.kv.PrefixCache`, for later requests that start with the same tokens.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 from fv_bagel.checkpoint import check_layout, llm_config, load_net, load_tokenizer, vit_config
 from fv_core import ConfigError
 from fv_core.card import ModelCard
-from fv_core.kv import PagedKVPool
+from fv_core.kv import PagedKVPool, PrefixCache
 from fv_core.weights import SyncableComponents, file_fingerprint
 
 _IDS = itertools.count()
@@ -36,6 +39,7 @@ class BagelModel(SyncableComponents):
     """Resident components of one card on one checkpoint (the ``instance`` BAGEL loops run against).
 
     :param exact: run the row-invariant math of :mod:`fv_bagel.mot` (batched == alone, bit for bit).
+    :param prefix_caching: share the pages of contexts' common prefixes across requests.
     """
 
     def __init__(
@@ -45,8 +49,10 @@ class BagelModel(SyncableComponents):
         device: str | torch.device = "cpu",
         kernels: dict[str, Any] | None = None,
         exact: bool = False,
+        prefix_caching: bool = True,
     ) -> None:
         self.card = card
+        self.prefix_caching = prefix_caching
         self.weights = check_layout(weights)
         (
             llm_config(self.weights),
@@ -63,6 +69,7 @@ class BagelModel(SyncableComponents):
         self.parallel: Any = None  # BAGEL runs in one process (no parallel plan); weight syncs need that
         self._components: dict[str, Any] = {}
         self._kv_pool: PagedKVPool | None = None
+        self._prefix: PrefixCache | None = None
         self._lock = threading.Lock()
         self._init_sync()
 
@@ -111,6 +118,17 @@ class BagelModel(SyncableComponents):
                     layers, kvh, d, page_size=KV_PAGE, max_bytes=budget, dtype=self.dtype, device=self.device
                 )
             return self._kv_pool
+
+    @property
+    def prefix(self) -> PrefixCache | None:
+        """The prefix cache over the KV pool (None while ``prefix_caching`` is off), made on first use."""
+        pool = self.kv_pool
+        if not self.prefix_caching:
+            return None
+        with self._lock:
+            if self._prefix is None:
+                self._prefix = PrefixCache(pool)
+            return self._prefix
 
     def component_unlocked(self, name: str) -> Any:
         if name not in self._components:

@@ -58,6 +58,13 @@ class TextParams(ImageInputs):
     think: bool = Field(
         description="reason inside <think> ... </think> first (BAGEL's thinking system prompt)"
     )
+    speculative_k: int = Field(
+        ge=0, le=16, description="speculative decoding: tokens drafted from the context (prompt lookup) and "
+        "verified in one step, the output unchanged; 0: off",
+    )  # fmt: skip
+    speculative_ngram: int = Field(
+        ge=1, le=8, description="speculative decoding: the longest n-gram of the context matched to draft"
+    )
 
     @field_validator("stop")
     @classmethod
@@ -131,3 +138,9 @@ class ThinkImageParams(ImageParams):
     temperature: float = Field(ge=0.0, le=10.0, description="sampling temperature of the thinking; 0: greedy")
     top_p: float = Field(gt=0.0, le=1.0, description="nucleus sampling of the thinking")
     top_k: int = Field(ge=0, le=1_000_000, description="top-k of the thinking; 0: all")
+    speculative_k: int = Field(
+        ge=0, le=16, description="speculative decoding of the thinking: tokens drafted per step; 0: off"
+    )
+    speculative_ngram: int = Field(
+        ge=1, le=8, description="speculative decoding of the thinking: the longest n-gram matched to draft"
+    )

@@ -7,10 +7,20 @@ Weight sync: a request pins the instance's weights versions (``net``, ``vae``) a
 The versions are part of the batch keys, so requests on old and new weights never share a call, and
 keys/values are read only under the ``net`` version that wrote them: contexts handed to a later stage
 name it, and a stage pinned to another version refuses them.
+
+Prefix caching: a context's pages are recorded in the instance's prefix cache (:mod:`fv_core.kv.prefix`)
+under its tokens' keys (a text token: its id; an image's tokens: its content hash and their index) in a
+namespace of the pinned ``net`` version and the request's adapters. A new context starts from the longest
+cached prefix of its segments: segments served whole are not prefilled, a text segment served in part is
+prefilled from its first token the cache did not hold (an image is served whole or not at all: its tokens
+attend to each other). Greedy outputs do not change (bit for bit on the row-invariant path). The pages
+reused are reserved on the pool when they are taken (at init, before admission: a waiting request holds
+them), so ``kv_need`` asks admission only for the rest, and ``release`` gives the reservation back.
 """
 
 from __future__ import annotations
 
+import hashlib
 from functools import partial
 from typing import Any
 
@@ -19,7 +29,11 @@ import torch
 from fv_bagel import bodies
 from fv_bagel.context import RAGGED_CONTEXT, plan_inputs
 from fv_bagel.model import BagelModel
-from fv_core.loop import BatchKey, LoopState, WorkPlan, WorkUnitKind, batch_key, pinned_module
+from fv_core.adapters import adapter_tag
+from fv_core.kv import KVSeq
+from fv_core.loop import BatchKey, LoopState, WorkPlan, WorkUnitKind, batch_key, pinned, pinned_module
+
+Served = tuple[KVSeq, int, list[Any], list[dict[str, Any]], list[tuple[int, int]]]
 
 
 class PrefillLoop:
@@ -72,3 +86,59 @@ class PrefillLoop:
         if segment["kind"] == "text":
             return len(segment["ids"])
         return 2 + len(state.tensors[f"image{segment['index']}.ids"])
+
+    def _namespace(self, state: LoopState) -> str:
+        """What besides the tokens makes a context's keys/values: the net version and the adapters on it."""
+        return f"{pinned(state, 'net')}|{adapter_tag(state, 'net')}"
+
+    def _keys(self, state: LoopState, segment: dict[str, Any]) -> list[Any] | None:
+        """The prefix-cache keys of a segment's tokens (None: a segment the cache does not hold)."""
+        if segment["kind"] == "text":
+            return list(segment["ids"])
+        if segment["kind"] != "image":
+            return None
+        digest = hashlib.sha256()
+        for name in ("patches", "ids"):
+            digest.update(state.tensors[f"image{segment['index']}.{name}"].detach().cpu().numpy().tobytes())
+        tag = digest.hexdigest()[:32]
+        return [f"{tag}:{i}" for i in range(self._tokens(state, segment))]
+
+    def _served(self, state: LoopState, segments: list[dict[str, Any]]) -> Served:
+        """The longest prefix of ``segments`` the prefix cache holds: the context over its pages, its next
+        RoPE position, its tokens' keys, the segments left to prefill (a text served in part: its rest) and
+        the context's (length, RoPE position) after each segment served whole."""
+        cache, keys = self.instance.prefix, []
+        for segment in segments:
+            segment_keys = self._keys(state, segment)
+            if segment_keys is None:
+                break
+            keys.append(segment_keys)
+        flat = [k for segment_keys in keys for k in segment_keys]
+        if cache is None or not flat:
+            return KVSeq(), 0, [], list(segments), []
+        pool, seq = self.instance.kv_pool, cache.lookup(self._namespace(state), flat)
+        served, rope, left, ends = 0, 0, list(segments), []
+        for segment, segment_keys in zip(segments, keys, strict=False):
+            n, text = len(segment_keys), segment["kind"] == "text"
+            if served + n <= seq.length:
+                served, rope = served + n, rope + (n if text else 1)
+                ends.append((served, rope))
+                left.pop(0)
+                continue
+            if text and served < seq.length:  # prefill the rest of the text only
+                cut = seq.length - served
+                left[0] = {"kind": "text", "ids": segment["ids"][cut:]}
+                served, rope = seq.length, rope + cut
+            break
+        # a match shorter than a page (or the whole context) saves little and would pin another's page;
+        # the pages reused are promised now (admission reserves the rest): they are held from here on
+        if served < min(pool.page_size, len(flat)) or not pool.reserve(pool.pages_for(served)):
+            pool.release(seq)
+            return KVSeq(), 0, [], list(segments), []
+        return pool.truncate(seq, served), rope, flat[:served], left, ends
+
+    def _remember(self, state: LoopState, keys: list[Any], seq: dict[str, Any]) -> None:
+        """Record a context's pages in the prefix cache under its tokens' keys."""
+        cache = self.instance.prefix
+        if cache is not None and keys:
+            cache.insert(self._namespace(state), keys, KVSeq(**seq))

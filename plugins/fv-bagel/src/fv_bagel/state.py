@@ -57,6 +57,15 @@ class ChatState(Typed):
     stop_reason: str | None = None  # eos, stop or max_tokens once stopped
     streamed: int = 0  # characters of ``text`` already streamed
     kept: list[dict[str, Any]] = field(default_factory=list)  # forks of the context kept for a later stage
+    keys: list[Any] = field(default_factory=list)  # each context token's prefix-cache key (text: its id)
+    reused: int = 0  # context tokens served by the prefix cache (not prefilled)
+    held: int = 0  # pages reserved for the served prefix at init (admission reserves the rest)
+    speculative_k: int = 0  # tokens drafted per step (0: one token a step)
+    speculative_ngram: int = 3  # the longest n-gram matched to draft
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # of them, those the model's own choice confirmed
+    prompt_tokens: int = 0  # the context's length when decoding began
+    decode_start: float | None = None  # when the first decode step's result came (tokens/s)
 
 
 @dataclass
@@ -77,3 +86,6 @@ class DenoiseState(Typed):
     cfg_renorm_min: float
     phase: str = "prefill"  # prefill, denoise, decode, done
     branches_run: list[int] = field(default_factory=list)  # CFG rows each step ran
+    cond_keys: list[Any] | None = None  # the conditional context's prefix-cache keys (None: not cached)
+    reused: int = 0  # context tokens served by the prefix cache (not prefilled)
+    held: int = 0  # pages reserved for the served prefix at init (admission reserves the rest)

@@ -5,6 +5,9 @@ in full and is never written to the cache (the prefix is reused by every step). 
 the generation expert, the two markers on the understanding expert. CFG runs the same query over the
 text-unconditioned and image-unconditioned contexts, as extra rows of the step (contexts with a common
 prefix share its pages); the guided velocity, its renorm and the Euler update run in ``advance``.
+
+The conditional context of ``t2i`` is the prompt alone: it starts from the prefix cache (requests with
+the same prompt prefill nothing) and is recorded there once prefilled.
 """
 
 from __future__ import annotations
@@ -85,6 +88,12 @@ class ImageLoop(PrefillLoop):
         }
         text = {"kind": "text", "ids": prompt}
         pending, aliases = self._contexts(state, request, draws, text, contexts, (rows, cols))
+        cond_keys, reused, held = None, 0, 0
+        if pending == [("cond", "cond", text)]:  # t2i: the prompt alone, in the prefix cache
+            seq, rope, _, left, _ = self._served(state, [text])
+            contexts["cond"], reused, cond_keys = {"seq": plain(seq), "rope": rope}, seq.length, list(prompt)
+            held = len(seq.pages)
+            pending = [("cond", "cond", segment) for segment in left]
         DenoiseState(
             ctx=contexts,
             pending=pending,
@@ -98,6 +107,10 @@ class ImageLoop(PrefillLoop):
             cfg_interval=list(p.cfg_interval),
             cfg_renorm_type=p.cfg_renorm_type,
             cfg_renorm_min=p.cfg_renorm_min,
+            phase="prefill" if pending else "denoise",
+            cond_keys=cond_keys,
+            reused=reused,
+            held=held,
         ).put(state)
         return state
 
@@ -144,11 +157,13 @@ class ImageLoop(PrefillLoop):
             start = length[source]
             length[name] = start + self._tokens(state, segment)
             new += pool.pages_for(length[name]) - start // pool.page_size
-        return pool, held + new
+        return pool, held + new - s.held
 
     def release(self, state: LoopState) -> None:
         """Return every context's pages (on finish, and when the request is cancelled or fails)."""
         s = DenoiseState.of(state)
+        self.instance.kv_pool.unreserve(s.held)
+        s.held = 0
         for name, ctx in s.ctx.items():
             if name not in s.aliases:
                 self.instance.kv_pool.release(KVSeq(**ctx["seq"]))
@@ -226,6 +241,8 @@ class ImageLoop(PrefillLoop):
             advance = len(segment["ids"]) if segment["kind"] == "text" else 1
             seq = pool.append(base, *written(out, segment))
             s.ctx[name] = {"seq": plain(seq), "rope": src["rope"] + advance}
+            if name == "cond" and s.cond_keys is not None:
+                self._remember(state, s.cond_keys, s.ctx[name]["seq"])
             if not s.pending:
                 s.phase = "denoise"
             return state
@@ -257,5 +274,6 @@ class ImageLoop(PrefillLoop):
             metrics={
                 "steps": state.step,
                 "branches_run": s.branches_run,
+                "cached_prompt_tokens": s.reused,  # served by the prefix cache, not prefilled
             },
         )
