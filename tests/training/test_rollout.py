@@ -199,9 +199,10 @@ def test_ltx2_rollout_records_and_replays_its_branch_calls(tmp_path_factory):
             rec.weights_versions == dict(ltx.instance.weights_versions) and "video_text" in rec.conditioning
         )
         labels = [s.label for s in rec.steps if s.kind == "diffusion_step"]
-        assert labels == [f"denoise {i}/2 ({b})" for i in (1, 2) for b in ("cfg", "stg", "modality")]
+        # the tiny transformer has no perturbed attention: STG's call is the cond call, and is not made
+        assert labels == [f"denoise {i}/2 ({b})" for i in (1, 2) for b in ("cfg", "modality")]
     a = recs[0]
-    for i in denoise(a)[:3]:  # the first step's cfg, stg and modality calls
+    for i in denoise(a)[:2]:  # the first step's cfg and modality calls
         members = call_of(recs, a, i)
         assert [r.request_id for r, _ in members] == [recs[0].request_id, recs[1].request_id]
         for (r, k), out in zip(members, replay_call(ltx, members), strict=True):
