@@ -75,7 +75,7 @@ def test_a_transformer_sync_mid_run_keeps_each_request_on_its_weights(load, new_
     before = [ask(live, "a", 1), ask(live, "b", 2, "rain on a roof"), ask(live, "p", 3, **two_stage)]
     with torch.no_grad():
         entries = {r.request_id: sched.submit(*live.job(r)) for r in before}
-        for _ in range(2):  # encode, one denoise step
+        for _ in range(3):  # encode, the prompt keys/values, one denoise step
             sched.step()
         assert all(e.phase == "running" and e.active_loop.state.step == 1 for e in entries.values())
         text = len(inst.feature_cache)
@@ -88,7 +88,8 @@ def test_a_transformer_sync_mid_run_keeps_each_request_on_its_weights(load, new_
         result = swap.result(timeout=0)
         assert result.versions == {"transformer": "step-1"} and result.previous == {"transformer": old}
         assert result.pinned == ["a", "b", "p"] and result.tensors == {"transformer": len(new_weights)}
-        assert result.cache_entries_dropped == 0 and len(inst.feature_cache) == text  # text survives
+        # the old transformer's prompt keys/values (two prompts) go; the text features survive
+        assert result.cache_entries_dropped == 2 and len(inst.kv_cache) == 0 and len(inst.feature_cache) == text
         assert inst.retired_versions == [("transformer", old)]  # still used by a, b, p
 
         after = [ask(live, "d", 1), ask(live, "e", 4, "a quiet room"), ask(live, "q", 3, **two_stage)]

@@ -27,6 +27,9 @@ TASKS = {"t2av", "t2av-two-stage", "i2av"}
 DISTILLED_SIGMAS = [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875]
 REFINE_SIGMAS = DISTILLED_SIGMAS[5:]
 REFINE_LORA = "ltx-2-19b-distilled-lora-384.safetensors"  # the file Lightricks/LTX-2 ships for the refine
+# The prompt keys/values cache of the published checkpoints: a prompt row's are ~1.2 GB in bf16 (48 blocks,
+# 1024 text tokens, key and value of the 4096-wide video and 2048-wide audio attentions), so 4 rows.
+REAL_KV_BYTES = 5 << 30
 
 # diffusers' LTX2Pipeline.__call__ defaults.
 BASE_DEFAULTS = dict(
@@ -109,6 +112,7 @@ def ltx2_card(
     interceptors: frozenset[str] = frozenset({"step_skip", "block_skip"}),
     refine_lora: bool = True,
     weights_repo: str | None = None,
+    kv_bytes: int = 64 << 20,
 ) -> ModelCard:
     def denoise(factory: str, **kw) -> LoopSpec:
         return LoopSpec(
@@ -116,7 +120,7 @@ def ltx2_card(
             work_unit_kind=WorkUnitKind.DIFFUSION_STEP,
             loop_factory=factory,
             components=[n for n in LAYOUT if n != "latent_upsampler"],
-            cache_policy=["text_embeddings"],
+            cache_policy=["text_embeddings", "text_kv"],
             step_cost=cost,
             # LTX-2's schedule stretches to a terminal sigma: one step would divide by zero (NaN frames)
             steps=StepsContract(min_steps=2, max_steps=200),
@@ -196,7 +200,25 @@ def ltx2_card(
                     "adapters",
                 ],
                 capacity=64,
-            )
+            ),
+            # each prompt row's keys/values of every block's text cross-attention (fv_ltx2.prompt_kv)
+            "text_kv": CacheContract(
+                kind="kv",
+                component="transformer",
+                key_fields=[
+                    "model",
+                    "component",
+                    "weights_version",
+                    "content_hash",
+                    "max_length",
+                    "precision",
+                    "text_encoder_version",
+                    "connectors_version",
+                    "adapters",
+                ],
+                capacity=64,
+                max_bytes=kv_bytes,
+            ),
         },
         precision=PrecisionContract(supported=["float32", "bfloat16"], default="float32"),
         # LoRA files as diffusers' LTX-2 loader reads them (its own format, LTX-2's ``diffusion_model.`` /
@@ -253,6 +275,7 @@ def ltx2_dev() -> ModelCard:
         StepCostModel(base_s=0.05, per_token_s=4e-5, peak_bytes_per_token=150_000),
         defaults={},
         weights_repo="Lightricks/LTX-2",
+        kv_bytes=REAL_KV_BYTES,
     )
 
 
@@ -271,4 +294,5 @@ def ltx2_distilled() -> ModelCard:
         recipe,
         StepCostModel(base_s=0.05, per_token_s=4e-5, peak_bytes_per_token=150_000),
         defaults=dict(num_inference_steps=8, sigmas=DISTILLED_SIGMAS, **GUIDANCE_OFF),
+        kv_bytes=REAL_KV_BYTES,
     )

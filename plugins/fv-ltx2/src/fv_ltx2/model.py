@@ -57,6 +57,8 @@ class LTX2Model(SyncableComponents):
         self.feature_cache = FeatureCache(
             card.caches["text_embeddings"].capacity
         )  # prompt -> connector outputs
+        kv = card.caches["text_kv"]  # prompt -> every block's text keys/values (fv_ltx2.prompt_kv)
+        self.kv_cache = FeatureCache(kv.capacity, kv.max_bytes)
         self.weights_versions = {name: weights_fingerprint(self.weights, name) for name in WEIGHTED}
         lora = card.components.get("refine_lora")
         if lora is not None and lora.subfolder and (self.weights / lora.subfolder).is_file():
@@ -80,12 +82,16 @@ class LTX2Model(SyncableComponents):
         return sorted(WEIGHTED)  # the refine LoRA is a file the refine stage merges, not a module
 
     def _feature_caches(self) -> tuple[FeatureCache, ...]:
-        return (self.feature_cache,)  # keyed by the connectors' version, with the text encoder's as extra
+        # keyed by the connectors' (keys/values: the transformer's) version, with the others' as extra
+        return (self.feature_cache, self.kv_cache)
 
     def _replace_features(self, component: str, old: str) -> int:
         """A new text encoder makes every cached text feature stale (they all came from an older one)."""
-        if component == "text_encoder":
-            return self.feature_cache.invalidate()
+        if component in ("text_encoder", "connectors"):  # keys/values were made from their features
+            stale = self.kv_cache.invalidate()
+            if component == "text_encoder":
+                return stale + self.feature_cache.invalidate()
+            return stale + super()._replace_features(component, old)
         return super()._replace_features(component, old)
 
     def _drop_features(self, component: str, version: str) -> int:
@@ -163,6 +169,8 @@ class LTX2Model(SyncableComponents):
 
     def resident_bytes(self) -> int:
         """Bytes of the resident components' parameters and buffers (retired versions included), and of
-        the LoRA-merged refine weights once made (read by admission)."""
+        the LoRA-merged refine weights once made, and the prompt keys/values cache's budget (read by
+        admission)."""
         merged = [t for weights in self._refine.values() for t in weights.values()]
-        return self.weights_bytes() + sum(t.numel() * t.element_size() for t in merged)
+        kv = self.kv_cache.nbytes if self.kv_cache.max_bytes is None else self.kv_cache.max_bytes
+        return self.weights_bytes() + sum(t.numel() * t.element_size() for t in merged) + kv

@@ -18,6 +18,7 @@ class LTX2RefineLoop(LTX2Loop):
 
     loop_id = "refine"
     block_seam = False  # 3 distilled steps (nothing to cache) on LoRA-merged weights
+    prompt_kv = False  # its calls run the text through the LoRA-merged weights (functional_call)
     schedule_overrides = {"use_dynamic_shifting": False, "shift_terminal": None}
 
     def _extra_metrics(self, state: LoopState) -> dict[str, Any]:

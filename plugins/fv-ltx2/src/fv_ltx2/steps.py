@@ -11,6 +11,7 @@ import torch
 from fv_core.extend import BLOCKS_INPUT
 from fv_core.loop import LoopState
 from fv_core.request import NoiseDraws
+from fv_ltx2.prompt_kv import install as install_prompt_kv
 from fv_ltx2.transformer import forward_blocks
 
 # ---- step bodies ----
@@ -27,9 +28,12 @@ def encode_body(text_encoder, connectors, inputs: dict[str, Any]) -> dict[str, A
 
 def denoise_body(transformer, statics: dict[str, Any], branch: str, inputs: dict[str, Any]) -> dict[str, Any]:
     """One transformer call: the video and audio velocities of every row. With a block hook in
-    ``inputs[BLOCKS_INPUT]`` (a block interceptor is on) the blocks are driven one by one through it."""
+    ``inputs[BLOCKS_INPUT]`` (a block interceptor is on) the blocks are driven one by one through it;
+    so they are when the request's prompt keys/values come precomputed (``video_kv``, ``audio_kv``)."""
     hook = inputs.get(BLOCKS_INPUT)
-    if hook is not None:
+    if "video_kv" in inputs:
+        install_prompt_kv(transformer)
+    if hook is not None or "video_kv" in inputs:
         video, audio = forward_blocks(transformer, hook, branch, inputs, statics)
         return {"video": video.float(), "audio": audio.float()}
     video, audio = transformer(**transformer_kwargs(inputs, statics))

@@ -41,6 +41,7 @@ from fv_core.loop import (
 )
 from fv_ltx2.model import LTX2Model
 from fv_ltx2.parallel import parallel_denoise_body
+from fv_ltx2.prompt_kv import cacheable, cached_prompt_kv, prompt_kv_plan, put_prompt_kv
 from fv_ltx2.steps import (
     decode_audio_body,
     decode_video_body,
@@ -61,6 +62,7 @@ class LTX2Loop:
 
     loop_id = "t2av"  # the card's LoopSpec this class implements
     block_seam = True  # a block interceptor may drive this loop's transformer calls
+    prompt_kv = True  # the prompt's keys/values are computed once per request (fv_ltx2.prompt_kv)
     schedule_overrides: dict[str, Any] = {}  # scheduler config values this loop replaces
 
     def __init__(self, instance: LTX2Model) -> None:
@@ -75,7 +77,10 @@ class LTX2Loop:
         grid, audio_frames = self._sizes(request)
         mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
         scales = p.audio_scales
-        branches = (["cfg"] if p.cfg_on else ["cond"]) + ["stg"] * p.stg_on + ["modality"] * p.modality_on
+        # without perturbed attention the STG call is the cond call (diffusers' STG pass is an ordinary
+        # forward): the cond row's velocity stands in for it, and the call is not made
+        stg_call = p.stg_on and bool(transformer.config.perturbed_attn)
+        branches = (["cfg"] if p.cfg_on else ["cond"]) + ["stg"] * stg_call + ["modality"] * p.modality_on
         state.values.update(
             phase="encode", branch=0, branches=branches, grid=list(grid), audio_frames=audio_frames, mel=mel,
             guidance={"video": [p.guidance_scale, p.stg_scale, p.modality_scale, p.guidance_rescale],
@@ -84,7 +89,8 @@ class LTX2Loop:
                 num_frames=grid[0], height=grid[1], width=grid[2], fps=p.fps, audio_num_frames=audio_frames,
                 use_cross_timestep=p.use_cross_timestep,
             ),
-            stg_blocks=list(p.spatio_temporal_guidance_blocks), cache_hits=0,
+            stg_blocks=list(p.spatio_temporal_guidance_blocks), cache_hits=0, kv_cache_hits=0,
+            stg_from_cond=p.stg_on and not stg_call,
             latents_out=bool(request.carry.get("latents_out")),
             # what a rollout's BehaviorRecord keeps besides each step's inputs, outputs and weights_versions
             conditioning=["video_text", "audio_text", "text_mask"],
@@ -181,6 +187,8 @@ class LTX2Loop:
                 batch_size=ids.shape[0],
                 label="encode prompt",
             )
+        if phase == "prompt_kv":
+            return prompt_kv_plan(inst, state, self._module(state, "transformer"), precision)
         if phase == "denoise":
             return self._branch_plan(state, precision)
         if phase == "decode_video":
@@ -206,6 +214,8 @@ class LTX2Loop:
                     key, (out["video_text"][row], out["audio_text"][row], out["text_mask"][row])
                 )
             self._set_text(state, out["video_text"], out["audio_text"], out["text_mask"])
+        elif v["phase"] == "prompt_kv":
+            put_prompt_kv(self.instance, state, self._keys(state), out)
         elif v["phase"] == "denoise":
             branch = v["branches"][v["branch"]]
             state.tensors[f"{branch}.video"], state.tensors[f"{branch}.audio"] = out["video"], out["audio"]
@@ -225,7 +235,9 @@ class LTX2Loop:
         metrics = {
             "steps": state.step,
             "text_cache_hits": v["cache_hits"],
-            "branches": v["branches"],
+            "kv_cache_hits": v["kv_cache_hits"],
+            "branches": v["branches"],  # the calls of each step
+            "stg_from_cond": v["stg_from_cond"],
             "kernels": {"attention": "sdpa"},
             **self._extra_metrics(state),
         }
@@ -275,6 +287,9 @@ class LTX2Loop:
     ) -> None:
         state.tensors.update(video_text=video, audio_text=audio, text_mask=mask)
         state.values["phase"] = "denoise"
+        if self.prompt_kv and self.instance.parallel is None and cacheable(self._module(state, "transformer").config):
+            if not cached_prompt_kv(self.instance, state, self._keys(state)):
+                state.values["phase"] = "prompt_kv"
 
     def _keys(self, state: LoopState) -> list[CacheKey]:
         inst, ids, mask = self.instance, state.tensors["input_ids"], state.tensors["mask"]
@@ -310,6 +325,7 @@ class LTX2Loop:
             "video_text": t["video_text"][text],
             "audio_text": t["audio_text"][text],
             "text_mask": t["text_mask"][text],
+            **{k: t[k][text] for k in ("video_kv", "audio_kv") if k in t},  # the prompt's keys/values
             **self._timesteps(t, state.step, rows),
             # views of the request's positions (a parallel group sends them to its workers once)
             "video_coords": t["video_coords"].expand(rows, *t["video_coords"].shape[1:]),
@@ -373,6 +389,8 @@ class LTX2Loop:
         if step.kind != WorkUnitKind.DIFFUSION_STEP.value or label is None:
             raise ConfigError(f"LTX-2 replays its denoise steps only; got step {step.label!r}")
         branch, inputs = label.group(1), dict(step.inputs)
+        for computed in ("video_kv", "audio_kv"):  # made by the recorded weights: the live ones remake them
+            inputs.pop(computed, None)
         if self.block_seam:
             inputs[BLOCKS_INPUT] = None
         rows = inputs["latents"].shape[0]
@@ -386,6 +404,8 @@ class LTX2Loop:
         for modality, key in (("video", "latents"), ("audio", "audio_latents")):
             sample = t[key]
             outputs = {branch: t[f"{branch}.{modality}"] for branch in v["branches"]}
+            if v["stg_from_cond"]:
+                outputs["stg"] = outputs["cfg"].chunk(2)[1] if "cfg" in outputs else outputs["cond"]
             velocity = (sample - guided_x0(sample, sigma, outputs, v["guidance"][modality])) / sigma
             stepped = (sample.to(torch.float32) + (sigma_next - sigma) * velocity).to(velocity.dtype)
             if key == "latents" and "conditioning_mask" in t:  # conditioned tokens (the first frame) stay

@@ -81,8 +81,12 @@ def forward_blocks(
     sigma = audio_timestep.flatten()
     video_ca = sigma if statics["use_cross_timestep"] else timestep.flatten()
     audio_ca = sigma
-    text, audio_text = inputs["video_text"], inputs["audio_text"]
-    if m.config.use_prompt_embeddings:
+    prompt_kv = "video_kv" in inputs  # every block's prompt keys/values, computed once per request
+    if prompt_kv:
+        text, audio_text = inputs["video_kv"], inputs["audio_kv"]  # [rows, blocks, 2, text tokens, dim]
+    else:
+        text, audio_text = inputs["video_text"], inputs["audio_text"]
+    if m.config.use_prompt_embeddings and not prompt_kv:
         text = m.caption_projection(text).view(rows, -1, video.size(-1))
         audio_text = m.audio_caption_projection(audio_text).view(rows, -1, audio.size(-1))
     kwargs = dict(
@@ -116,6 +120,9 @@ def forward_blocks(
         mine = dict(kwargs, perturbation_mask=perturb)
         if subset is not None:
             mine = picked.setdefault(tuple(subset.tolist()), pick_rows(mine, subset, rows))
+        if prompt_kv:  # this block's keys/values (fv_ltx2.prompt_kv.PromptKVAttention takes them)
+            video_kv, audio_kv = mine["encoder_hidden_states"], mine["audio_encoder_hidden_states"]
+            mine = dict(mine, encoder_hidden_states=video_kv[:, index], audio_encoder_hidden_states=audio_kv[:, index])
         n = hidden.shape[0]
         v, a = hidden.split([video_shape[1] * video_shape[2], audio_shape[1] * audio_shape[2]], dim=1)
         v, a = m.transformer_blocks[index](
