@@ -114,23 +114,21 @@ def router(image_body: type[ImageBase], edit_body: type[ImageEditBase]) -> APIRo
     async def edit_images(
         request: Request, response: Response, images: Images = Depends(_images)
     ) -> ImagesResponse:
-        """OpenAI's image edit (multipart: ``image`` or one ``image[]`` file, the instruction as ``prompt``)."""
+        """OpenAI's image edit (multipart: ``image`` or ``image[]`` files, the instruction as ``prompt``);
+        several images go to the task as several image parts (it refuses more than it takes)."""
         data = drop_ignored(await read_body(request), response)
         files = await uploads(request, "image")
-        data["image"] = files[0] if len(files) == 1 else data.get("image")
+        data["image"] = files[0] if files else data.get("image")
         body = validate(edit_body, data)
         if body.mask is not None:
             raise ApiError(
                 400, "mask is not supported: fv edits the whole image. Fix: drop mask.", "unsupported_parameter", "mask"
             )  # fmt: skip
-        if len(files) != 1:
+        if not files:
             raise ApiError(
-                400,
-                f"got {len(files)} image files; an edit takes exactly one. Fix: send one 'image' file field.",
-                "invalid_image",
-                "image",
-            )
-        parts = await image_parts(files[0], "image")
+                400, "got no image file; an edit takes one. Fix: send an 'image' file field.", "invalid_image", "image"
+            )  # fmt: skip
+        parts = tuple([part for file in files for part in await image_parts(file, "image")])
         return _answer(body, await images.generate_images(body, parts))
 
     return router
