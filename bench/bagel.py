@@ -14,6 +14,15 @@ the ``bagel-7b-mot`` card (SDPA math, its default bfloat16). Weights are random:
   Also 8 copies of one prompt (equal lengths: every token step one call of 8 rows): the ceiling.
 - Denoise step: t2i with the card's CFG (text CFG 4 in its interval: 2 rows a step, else 1),
   seconds per step as the engine measured them, split by rows.
+- Prefix caching: 8 concurrent chats that share a ~200-token system prompt (a first turn), each with its
+  own question: time to first token and tokens/s with the prefix cache off (every request prefills the
+  whole context) and on (one earlier request with the same system prompt warmed it), the prefill tokens
+  each ran and their linear-layer FLOPs (2 x the understanding path's parameters per token; attention
+  not counted); the tokens of both runs are compared.
+- Multi-turn: a conversation's first turn (cold cache) and its second (the first turn and its answer as
+  parts): time to first token of each.
+- Speculative decoding: a thinking chat (``think``, BAGEL's thinking system prompt) with and without
+  prompt-lookup drafts (``speculative_k``), equal output checked: tokens/s and acceptance.
 - Memory: peak RSS of subprocesses, each serving one chat and one t2i request concurrently: one
   resident instance, vs two copies (a chat-only one and a t2i one, the second loaded from a copy
   of the folder so no page is shared). safetensors maps the file lazily, so each copy reads all its
@@ -55,9 +64,9 @@ MEDIUM_LLM = dict(
 LARGE_LLM = {**MEDIUM_LLM, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16}
 SIZES: dict[str, dict[str, Any]] = {  # checkpoint, chat tokens, t2i side (px) and steps, memory case's size
     "medium": dict(checkpoint=dict(llm=MEDIUM_LLM, max_latent_size=16), max_tokens=32, side=256, steps=10,
-                   memory="large"),
+                   memory="large", reuse_tokens=8, think_tokens=64),
     "large": dict(checkpoint=dict(llm=LARGE_LLM, max_latent_size=16), max_tokens=8, side=128, steps=3),
-    "tiny": dict(checkpoint={}, max_tokens=8, side=64, steps=4, memory="tiny"),
+    "tiny": dict(checkpoint={}, max_tokens=8, side=64, steps=4, memory="tiny", reuse_tokens=4, think_tokens=16),
 }  # fmt: skip
 MEMORY_STEPS = 3  # t2i steps in the memory runs (peak memory does not grow with steps)
 PROMPTS = [  # candidates, short to long; the first 8 whose greedy answer runs to max_tokens are used
@@ -257,6 +266,181 @@ def denoise_bench(model: Any, side: int, steps: int, repeats: int) -> dict:
     }
 
 
+# ---- prefix caching and speculative decoding ----
+
+
+def first_token_times(model: Any, engine_cls: Any, items: list, start: float) -> tuple[list[float], list]:
+    """Run ``items`` batched; each request's seconds from ``start`` to its first token, and the results."""
+    first: dict[str, float] = {}
+
+    def seen(event: Any) -> None:
+        if event.kind == "partial" and event.request_id not in first:
+            first[event.request_id] = time.perf_counter() - start
+
+    results = engine_cls(max_batch_rows=CONCURRENT, on_event=seen).run_batched(items)
+    return [first[item[1].request_id] for item in items], results
+
+
+def system_prompt(model: Any, tokens: int) -> str:
+    """A system prompt of about ``tokens`` tokens."""
+    words = "you are a careful assistant who looks at pictures and answers in short clear sentences".split()
+    text = ""
+    i = 0
+    while len(model.instance.tokenizer.encode(text)) < tokens:
+        text += ("" if not text else " ") + words[i % len(words)]
+        i += 1
+    return text
+
+
+def chat_items(model: Any, parts: list, prompts: list[str], max_tokens: int, tag: str, **extra: Any) -> list:
+    params = [{"prompt": p, "max_tokens": max_tokens, "temperature": 0.0, **extra} for p in prompts]
+    return [
+        model.job(model.prepare(p, task="chat", parts=parts, request_id=f"{tag}{i}"))
+        for i, p in enumerate(params)
+    ]
+
+
+def understanding_params(model: Any) -> int:
+    """Parameters a text token runs through (the understanding expert's layers and the LM head)."""
+    lm = model.instance.net.language_model
+    return sum(p.numel() for n, p in lm.named_parameters() if "_moe_gen" not in n and "embed_tokens" not in n)
+
+
+def prefix_bench(model: Any, prompts: list[str], max_tokens: int, repeats: int) -> dict:
+    """8 concurrent chats sharing a 200-token system prompt, prefix cache off vs on (warmed)."""
+    from fv_core import TextPart
+    from fv_core.runtime import Engine
+
+    inst = model.instance
+    system = [TextPart(system_prompt(model, 200))]
+    cases: dict[str, dict[str, list]] = {"off": {}, "on": {}}
+    for r in range(repeats):
+        for case in cases:
+            inst.kv_pool.drain()
+            inst.prefix_caching = case == "on"
+            if case == "on":  # an earlier request with the same system prompt
+                Engine().run_serial(chat_items(model, system, ["hello"], 1, f"warm{r}"))
+            items = chat_items(model, system, prompts, max_tokens, f"p{case}{r}")
+            start = time.perf_counter()
+            ttft, results = first_token_times(model, Engine, items, start)
+            seconds = time.perf_counter() - start
+            out = cases[case]
+            out.setdefault("ttft_s", []).extend(ttft)
+            out.setdefault("ttft_median_s", []).append(statistics.median(ttft))
+            out.setdefault("tokens_per_s", []).append(
+                sum(x.metrics["completion_tokens"] for x in results) / seconds
+            )
+            out["prefill_tokens"] = sum(
+                x.metrics["prompt_tokens"] - x.metrics["cached_prompt_tokens"] for x in results
+            )
+            out["cached_prompt_tokens"] = [x.metrics["cached_prompt_tokens"] for x in results]
+            out["tokens"] = token_ids(results)
+    inst.prefix_caching = True
+    per_token = 2 * understanding_params(model)
+    off, on = cases["off"], cases["on"]
+    ratio = statistics.median(on["ttft_median_s"]) / statistics.median(off["ttft_median_s"])
+    return {
+        "system_prompt_tokens": len(inst.tokenizer.encode(system[0].text)) + 2,
+        "concurrent": CONCURRENT,
+        "max_tokens": max_tokens,
+        **{
+            f"cache_{name}": {
+                "ttft_s": stats(c["ttft_median_s"]),  # per run: the median over its 8 requests
+                "ttft_s_all_requests": stats(c["ttft_s"]),
+                "tokens_per_s": stats(c["tokens_per_s"]),
+                "prefill_tokens": c["prefill_tokens"],
+                "prefill_linear_flops": c["prefill_tokens"] * per_token,
+                "cached_prompt_tokens": c["cached_prompt_tokens"],
+            }
+            for name, c in cases.items()
+        },
+        "ttft_ratio_on_vs_off": ratio,
+        "tokens_per_s_ratio_on_vs_off": statistics.median(on["tokens_per_s"])
+        / statistics.median(off["tokens_per_s"]),
+        "prefill_flops_saved": (off["prefill_tokens"] - on["prefill_tokens"]) * per_token,
+        "prefill_flops_saved_fraction": 1 - on["prefill_tokens"] / off["prefill_tokens"],
+        "outputs_equal": on["tokens"] == off["tokens"],
+        "goal": "ttft_ratio_on_vs_off <= 0.5",
+        "met": ratio <= 0.5,
+    }
+
+
+def multi_turn_bench(model: Any, max_tokens: int, repeats: int) -> dict:
+    """A conversation's first turn (cold) and second turn (the first and its answer as parts): TTFT."""
+    from fv_core import TextPart
+    from fv_core.runtime import Engine
+
+    inst = model.instance
+    system = TextPart(system_prompt(model, 200))
+    first_s, second_s, cached = [], [], []
+    for r in range(repeats):
+        inst.kv_pool.drain()
+        items = chat_items(model, [system], ["what is in the picture?"], max_tokens, f"t1_{r}")
+        (t1,), _ = first_token_times(model, Engine, items, time.perf_counter())
+        first_s.append(t1)
+    # the answer of the first turn (greedy: the same every repeat)
+    inst.kv_pool.drain()
+    [answer] = Engine().run_serial(chat_items(model, [system], ["what is in the picture?"], max_tokens, "a"))
+    talk = [system, TextPart("what is in the picture?"), TextPart(answer.outputs["text"])]
+    for r in range(repeats):
+        inst.kv_pool.drain()
+        Engine().run_serial(chat_items(model, [system], ["what is in the picture?"], max_tokens, f"w{r}"))
+        items = chat_items(model, talk, ["and what colour is it?"], max_tokens, f"t2_{r}")
+        (t2,), results = first_token_times(model, Engine, items, time.perf_counter())
+        second_s.append(t2)
+        cached.append((results[0].metrics["cached_prompt_tokens"], results[0].metrics["prompt_tokens"]))
+    ratio = statistics.median(second_s) / statistics.median(first_s)
+    return {
+        "first_turn_ttft_s": stats(first_s),
+        "second_turn_ttft_s": stats(second_s),
+        "second_turn_cached_of_prompt_tokens": cached[-1],
+        "ratio": ratio,
+        "goal": "second turn TTFT <= 0.3x the first",
+        "met": ratio <= 0.3,
+    }
+
+
+def speculative_bench(model: Any, max_tokens: int, repeats: int) -> dict:
+    """A thinking chat, one token a step vs prompt-lookup drafts: tokens/s at equal output, acceptance."""
+    from fv_core.runtime import Engine
+
+    cases = {"plain": {}, "speculative": {"speculative_k": 4, "speculative_ngram": 3}}
+    rates: dict[str, list[float]] = {n: [] for n in cases}
+    outs: dict[str, list] = {}
+    metrics: dict[str, dict] = {}
+    for r in range(repeats):
+        for name, extra in cases.items():
+            items = chat_items(
+                model,
+                [],
+                ["draw a red cat on a table, step by step"],
+                max_tokens,
+                f"s{name}{r}",
+                think=True,
+                **extra,
+            )
+            seconds, [result] = timed(lambda: Engine().run_serial(items))  # noqa: B023
+            rates[name].append(result.metrics["completion_tokens"] / seconds)
+            outs[name] = result.outputs["tokens"].tolist()
+            metrics[name] = result.metrics
+    ratio = statistics.median(rates["speculative"]) / statistics.median(rates["plain"])
+    return {
+        "max_tokens": max_tokens,
+        "tokens": len(outs["plain"]),
+        "tokens_per_s": {n: stats(v) for n, v in rates.items()},
+        "ratio": ratio,
+        "outputs_equal": outs["plain"] == outs["speculative"],
+        "first_differing_token": next(
+            (i for i, (a, b) in enumerate(zip(outs["plain"], outs["speculative"], strict=False)) if a != b),
+            None,
+        ),
+        "speculative": metrics["speculative"].get("speculative"),
+        "decode_tokens_per_s_metric": {n: m["decode_tokens_per_s"] for n, m in metrics.items()},
+        "goal": ">= 1.5x at equal output",
+        "met": ratio >= 1.5,
+    }
+
+
 # ---- memory: one subprocess per case ----
 
 
@@ -429,8 +613,12 @@ def run(folder: Path, size: str, repeats: int, threads: int) -> dict:
             "weights": "random",
         },
         "chat": tokens_bench(model, prompts, s["max_tokens"], repeats),
+        "prefix_caching": prefix_bench(model, prompts, s["reuse_tokens"], repeats),
+        "multi_turn": multi_turn_bench(model, s["reuse_tokens"], repeats),
+        "speculative": speculative_bench(model, s["think_tokens"], repeats),
         "denoise": denoise_bench(model, s["side"], s["steps"], repeats),
         "memory": memory_bench(memory_folder, s["memory"], threads),
+        "peak_rss_mib_this_process": peak_rss_mib(),  # the medium model's runs above, all cases
     }
 
 
@@ -440,7 +628,8 @@ def plot(path: Path, r: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    fig, grid = plt.subplots(2, 3, figsize=(14, 7.6))
+    axes = grid[0]
     chat = r["chat"]
     names = ["serial", "concurrent_1", "concurrent_8", "concurrent_8_uniform"]
     axes[0].bar(["serial", "1", "8 ragged", "8 uniform"], [chat[n]["tokens_per_s"]["median"] for n in names],
@@ -461,6 +650,20 @@ def plot(path: Path, r: dict) -> None:
     axes[2].set_title(
         f"peak RSS MiB, {billions:.2f}B MoT (ratio {mem['ratio']:.2f}, {mem['ratio_minus_baseline']:.2f} over imports)"
     )
+    pc, mt, sp = r["prefix_caching"], r["multi_turn"], r["speculative"]
+    grid[1][0].bar(["cache off", "cache on"], [pc["cache_off"]["ttft_s"]["median"], pc["cache_on"]["ttft_s"]["median"]],
+                   color=["#999", "#3a7"])  # fmt: skip
+    grid[1][0].set_title(
+        f"8 chats, {pc['system_prompt_tokens']}-token system prompt: TTFT s ({pc['ttft_ratio_on_vs_off']:.2f}x)"
+    )
+    grid[1][1].bar(["turn 1", "turn 2"], [mt["first_turn_ttft_s"]["median"], mt["second_turn_ttft_s"]["median"]],
+                   color=["#999", "#3a7"])  # fmt: skip
+    grid[1][1].set_title(f"multi-turn TTFT s ({mt['ratio']:.2f}x, goal 0.3)")
+    grid[1][2].bar(["one a step", "prompt lookup"], [sp["tokens_per_s"][n]["median"] for n in ("plain", "speculative")],
+                   color=["#999", "#3a7"])  # fmt: skip
+    acc = (sp["speculative"] or {}).get("acceptance", 0.0)
+    grid[1][2].set_title(f"thinking tokens/s ({sp['ratio']:.2f}x, acceptance {acc:.2f})")
+    axes = [*grid[0], *grid[1]]
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
     fig.suptitle(

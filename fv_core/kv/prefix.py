@@ -156,7 +156,9 @@ class PrefixCache:
         leaf = min(leaves, key=lambda n: n.used)
         self._remove(leaf)
         self.stats.evicted_pages += 1
-        if leaf.parent is not None and leaf.parent.page == -1 and not leaf.parent.children:  # an empty namespace
+        if (
+            leaf.parent is not None and leaf.parent.page == -1 and not leaf.parent.children
+        ):  # an empty namespace
             self._roots = {k: r for k, r in self._roots.items() if r is not leaf.parent}
         return True
 

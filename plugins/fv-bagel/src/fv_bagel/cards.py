@@ -38,7 +38,9 @@ T2I_DEFAULTS = dict(
 
 
 TASKS = ("chat", "t2i", "think-t2i", "edit")
-THINK_DEFAULTS = dict(max_tokens=1024, temperature=0.0, top_p=1.0, top_k=0, **SPECULATIVE)  # app.py: max_think_token_n 1024
+THINK_DEFAULTS = dict(
+    max_tokens=1024, temperature=0.0, top_p=1.0, top_k=0, **SPECULATIVE
+)  # app.py: max_think_token_n 1024
 
 
 # edit (app.py edit_image): image CFG 2, guidance over the whole schedule, per-token text renorm

@@ -66,7 +66,9 @@ class ChatLoop(PrefillLoop):
         keep = bool(request.carry.get("keep_contexts"))
         # think-t2i's AR stage prefills its contexts itself: each is handed to the denoise stage, whose
         # admission counts them (it records them in the prefix cache all the same)
-        seq, rope, keys, left, _ = self._served(state, segments) if not keep else (KVSeq(), 0, [], segments, [])
+        seq, rope, keys, left, _ = (
+            self._served(state, segments) if not keep else (KVSeq(), 0, [], segments, [])
+        )
         s = ChatState(
             segments=left,
             token=inst.special["bos_token_id"],  # the first decode step feeds <|im_start|>

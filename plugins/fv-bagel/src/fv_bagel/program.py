@@ -19,7 +19,16 @@ GEN_THINK_SYSTEM_PROMPT = (  # BAGEL's system prompt for thinking before an imag
     "The planning process is enclosed within <think> </think> tags, i.e. <think> planning process here </think> "
     "image here"
 )
-TEXT_FIELDS = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "speculative_k", "speculative_ngram")
+TEXT_FIELDS = (
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "speculative_k",
+    "speculative_ngram",
+)
 
 
 def think(request: Request, results: dict[str, LoopResult]) -> Request:
