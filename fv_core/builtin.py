@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from fv_core.hookspecs import Register, hookimpl
+from fv_core.kernels_packed import flash_attn_installed
 
 
 @hookimpl
 def fv_register_kernels(register: Register) -> None:
     register(("attention", "any", "any", "sdpa"), "fv_core.kernels:sdpa_attention")
+    for variant in ("segments", "sdpa", "flex"):
+        register(("packed_attention", "any", "any", variant), f"fv_core.kernels_packed:packed_{variant}")
+    if flash_attn_installed():
+        register(("packed_attention", "cuda", "any", "varlen"), "fv_core.kernels_packed:packed_varlen")

@@ -21,6 +21,7 @@ from fv_core.errors import ConfigError
 # op -> parameters a kernel must accept by these names (positionally, in this order, for the first three)
 SIGNATURES: dict[str, tuple[str, ...]] = {
     "attention": ("query", "key", "value", "attn_mask", "is_causal", "scale"),
+    "packed_attention": ("query", "key", "value", "cu_seqlens", "scale"),  # see fv_core.kernels_packed
 }
 
 

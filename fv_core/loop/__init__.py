@@ -2,6 +2,7 @@
 
 from fv_core.loop.context import LoopContext, grad_mode
 from fv_core.loop.contracts import (
+    SEGMENTS,
     BatchKey,
     Done,
     Loop,
@@ -22,6 +23,7 @@ from fv_core.loop.samplers import euler_step, flow_match_sigmas
 from fv_core.loop.state_io import load_state, save_state
 
 __all__ = [
+    "SEGMENTS",
     "pinned_state",
     "pinned_module",
     "pinned",

@@ -66,6 +66,8 @@ class BatchKey:
     graph_key: str = ""  # anything else that changes the compiled body (e.g. body variant)
 
 
+SEGMENTS = "segments"  # the input a packed call adds: packed input -> each plan's length (WorkPlan.packed)
+
 StepBody = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -88,6 +90,14 @@ class WorkPlan:
     runtime may instead concatenate the tensor ``inputs`` of several plans
     with equal keys along dim 0 (``batch_size`` rows each), call ``body`` once
     and split the tensor outputs back; non-tensor inputs must then be equal.
+
+    Packed form (``packed``): requests of different token counts share one call as one sequence. The
+    inputs named in ``packed`` (each plan one row: ``batch_size`` 1) are concatenated along their token
+    dim instead of the batch dim; a non-tensor input named there becomes a tuple, one value per plan.
+    The body then also gets ``inputs[SEGMENTS]``: packed input -> each plan's length along its dim, in
+    plan order, and keeps each plan's tokens to themselves (attention within a segment only). Outputs
+    named in ``packed_outputs`` are split back along the dim of the packed input they follow. A plan
+    run alone gets no ``SEGMENTS``: its body runs the plain path.
     """
 
     kind: WorkUnitKind  # which of the 13 kinds
@@ -102,6 +112,9 @@ class WorkPlan:
     # tensor input -> a dim along which plans of one batch may differ: each is zero-padded (False for
     # bool masks) to the longest along it before concatenation (ragged contexts with a valid mask)
     ragged: dict[str, int] = field(default_factory=dict)
+    # packed form (see above): input -> its token dim (any int for a non-tensor per-plan value)
+    packed: dict[str, int] = field(default_factory=dict)
+    packed_outputs: dict[str, str] = field(default_factory=dict)  # output -> the packed input it follows
 
 
 @dataclass(slots=True)

@@ -6,7 +6,9 @@ zero-padded first to the longest along its ragged dim); non-tensor inputs
 must be equal, except block hooks (``BLOCKS_INPUT``): each plan's own hook
 goes into one :class:`~fv_core.loop.spans.BlockHooks` over its rows, so every
 request's interceptor decides on its rows alone. Tensor outputs are split back
-by rows, non-tensor outputs are shared. Measured time is attributed in proportion to each
+by rows, non-tensor outputs are shared. Plans in the packed form (``WorkPlan.packed``) concatenate their
+packed inputs along the token dim, the body gets each plan's lengths (``SEGMENTS``), and the outputs
+that follow a packed input are split back along it. Measured time is attributed in proportion to each
 plan's predicted cost. ``group_calls`` is the fair policy's grouping of a tick's plans into calls.
 """
 
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from fv_core.loop.context import grad_mode
-from fv_core.loop.contracts import Profile, StepResult, WorkPlan
+from fv_core.loop.contracts import SEGMENTS, Profile, StepResult, WorkPlan
 from fv_core.loop.runner import run_plan
 from fv_core.loop.seam import BLOCKS_INPUT
 from fv_core.loop.spans import BlockHooks
@@ -28,8 +30,14 @@ from fv_core.loop.spans import BlockHooks
 def concat_inputs(plans: list[WorkPlan]) -> dict[str, Any]:
     first = plans[0]
     out: dict[str, Any] = {}
+    if first.packed:
+        out[SEGMENTS] = segments(plans)
     for name, value in first.inputs.items():
-        if name == BLOCKS_INPUT:
+        if name in first.packed:
+            values = [p.inputs[name] for p in plans]
+            packed = isinstance(value, torch.Tensor)
+            out[name] = torch.cat(values, dim=first.packed[name]) if packed else tuple(values)
+        elif name == BLOCKS_INPUT:
             hooks = [p.inputs.get(name) for p in plans]
             members = [(hook, p.batch_size) for hook, p in zip(hooks, plans, strict=True)]
             out[name] = BlockHooks(members) if any(h is not None for h in hooks) else None
@@ -56,6 +64,22 @@ def concat_inputs(plans: list[WorkPlan]) -> dict[str, Any]:
     return out
 
 
+def segments(plans: list[WorkPlan]) -> dict[str, tuple[int, ...]]:
+    """Packed tensor input -> each plan's length along its token dim (plans in the packed form)."""
+    out = {}
+    for name, dim in plans[0].packed.items():
+        if isinstance(plans[0].inputs[name], torch.Tensor):
+            for p in plans:
+                if p.batch_size != 1 or p.packed != plans[0].packed:
+                    raise ValueError(
+                        f"plan {p.label!r} joins a packed call with batch_size={p.batch_size} and packed="
+                        f"{p.packed}; a packed plan is one row with the same packed inputs as the others. "
+                        "Fix: give every plan of this batch key batch_size 1 and the same packed dims"
+                    )
+            out[name] = tuple(int(p.inputs[name].shape[dim]) for p in plans)
+    return out
+
+
 def padded(tensors: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
     """``tensors`` zero-padded at the end of ``dim`` to the longest (a ragged input, see WorkPlan.ragged)."""
     size = max(t.shape[dim] for t in tensors)
@@ -66,11 +90,18 @@ def padded(tensors: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
     return out
 
 
-def split_outputs(outputs: dict[str, Any], sizes: list[int]) -> list[dict[str, Any]]:
+def split_outputs(outputs: dict[str, Any], sizes: list[int], first: WorkPlan | None = None, seg=None):
+    """Per plan outputs: tensors split by rows (``sizes``), or, for an output that follows a packed input
+    of ``first`` (``packed_outputs``), along that input's dim by its segment lengths ``seg``."""
     total = sum(sizes)
     parts: list[dict[str, Any]] = [{} for _ in sizes]
+    follows = first.packed_outputs if first is not None else {}
     for name, value in outputs.items():
-        if isinstance(value, torch.Tensor):
+        if name in follows:
+            source = follows[name]
+            for part, chunk in zip(parts, value.split(seg[source], dim=first.packed[source]), strict=True):
+                part[name] = chunk
+        elif isinstance(value, torch.Tensor):
             if value.dim() == 0 or value.shape[0] != total:
                 raise ValueError(
                     f"batched output {name!r} has shape {tuple(value.shape)}; expected {total} rows"
@@ -90,13 +121,16 @@ def run_batch(plans: list[WorkPlan], profile: Profile) -> list[StepResult]:
     sizes = [p.batch_size for p in plans]
     with grad_mode(profile):
         t0 = time.perf_counter()
-        outputs = plans[0].body(concat_inputs(plans))
+        inputs = concat_inputs(plans)
+        outputs = plans[0].body(inputs)
         seconds = time.perf_counter() - t0
     total_cost = sum(p.cost_s for p in plans)
     shares = [p.cost_s / total_cost if total_cost > 0 else 1 / len(plans) for p in plans]
     return [
         StepResult(out, seconds=seconds * share, batched_with=len(plans))
-        for out, share in zip(split_outputs(outputs, sizes), shares, strict=True)
+        for out, share in zip(
+            split_outputs(outputs, sizes, plans[0], inputs.get(SEGMENTS)), shares, strict=True
+        )
     ]
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from fv_core.extend import BLOCKS_INPUT
-from fv_qwen_image.transformer import qwen_forward
+from fv_core.loop import SEGMENTS
+from fv_qwen_image.transformer import qwen_forward, qwen_forward_packed
 
 # the prompt template diffusers' QwenImagePipeline wraps every prompt in, and how many of its leading
 # tokens it drops from the encoder's output (prompt_template_encode, prompt_template_encode_start_idx)
@@ -41,11 +42,14 @@ def text_mask(lengths: torch.Tensor, padded: int) -> torch.Tensor | None:
     return torch.arange(padded, device=lengths.device)[None] < lengths[:, None]
 
 
-def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
+def denoise_body(transformer, inputs: dict[str, Any], packed=None) -> dict[str, Any]:
     """Flow velocity of packed ``latents`` [B, tokens, C] at ``timestep`` [B] (0..1) under ``text``;
     with ``neg_text``, one forward per true-CFG branch. Rows of other prompt lengths come zero-padded
     (``<name>_len``: each row's own length). ``inputs[BLOCKS_INPUT]``: the request's block hook when a
-    block interceptor is on (else None)."""
+    block interceptor is on (else None). A packed call (``inputs[SEGMENTS]``, requests of any size as
+    one sequence) runs on the ``packed`` attention kernel: :func:`packed_denoise_body`."""
+    if SEGMENTS in inputs:
+        return packed_denoise_body(transformer, inputs, packed)
     latents, t, grid, hook = inputs["latents"], inputs["timestep"], inputs["grid"], inputs.get(BLOCKS_INPUT)
 
     def forward(text: str, branch: str) -> torch.Tensor:
@@ -56,6 +60,35 @@ def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
     if "neg_text" in inputs:
         return {"cond": forward("text", "cond"), "uncond": forward("neg_text", "uncond")}
     return {"velocity": forward("text", "main")}
+
+
+def packed_denoise_body(transformer, inputs: dict[str, Any], kernel) -> dict[str, Any]:
+    """:func:`denoise_body` of requests packed as one sequence: ``latents`` [1, sum tokens, C], ``text``
+    (and ``neg_text``) [1, sum prompt tokens, dim], ``timestep`` [N], ``grid`` one per request, their
+    lengths in ``inputs[SEGMENTS]``. With block hooks (interceptors), each request runs apart with its
+    own hook."""
+    seg, hooks = inputs[SEGMENTS], inputs.get(BLOCKS_INPUT)
+    image_lens, t = list(seg["latents"]), inputs["timestep"]
+    branches = [("text", "cond"), ("neg_text", "uncond")] if "neg_text" in inputs else [("text", "main")]
+    out = {}
+    for text, branch in branches:
+        if hooks is None:
+            lens = list(seg[text])
+            out[branch] = qwen_forward_packed(
+                transformer, inputs["latents"], t, inputs[text], inputs["grid"], image_lens, lens, kernel
+            )
+            continue
+        parts = zip(
+            inputs["latents"].split(image_lens, 1), inputs[text].split(list(seg[text]), 1), strict=True
+        )
+        out[branch] = torch.cat(
+            [
+                qwen_forward(transformer, lat, t[i : i + 1], txt, inputs["grid"][i], hook, branch)
+                for i, ((lat, txt), (hook, _)) in enumerate(zip(parts, hooks.members, strict=True))
+            ],
+            1,
+        )
+    return {"velocity": out["main"]} if "main" in out else out
 
 
 def unpack(latents: torch.Tensor, height: int, width: int) -> torch.Tensor:

@@ -159,17 +159,30 @@ class QwenImageLoop:
         for row in v["rows"]:  # prompts of other lengths batch zero-padded, each row masked to its own
             inputs[row], inputs[f"{row}_len"] = t[row], torch.tensor([t[row].shape[1]])
         tokens = t["latents"].shape[1]
+        kernel = self._packed_kernel(state)
+        packed = {name: 1 for name in ("latents", *v["rows"])} | {"grid": 0} if kernel is not None else {}
+        shape = ("packed",) if packed else (tokens, h, w)  # packed: requests of any size share a step
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(denoise_body, inst.component("transformer", pinned(state, "transformer"))),
+            body=partial(
+                denoise_body, inst.component("transformer", pinned(state, "transformer")), packed=kernel
+            ),
             inputs=inputs,
             batch_key=batch_key(
-                inst, state, "transformer", "diffusion_denoise", (tokens, h, w, tuple(v["rows"])), precision
+                inst, state, "transformer", "diffusion_denoise", (*shape, tuple(v["rows"])), precision
             ),
-            ragged={row: 1 for row in v["rows"]},
+            ragged={} if packed else {row: 1 for row in v["rows"]},
+            packed=packed,
+            packed_outputs={out: "latents" for out in ("velocity", "cond", "uncond")} if packed else {},
             cost_s=self._cost(state),
             label=f"denoise {i + 1}/{v['steps']}",
         )
+
+    def _packed_kernel(self, state: LoopState):
+        """The deploy's packed_attention kernel when this request may be packed (requests with adapters
+        are not: their adapters, pinned in ``state.values["adapters"]``, apply per batch row), else None."""
+        chosen = self.instance.kernels.get("packed_attention")
+        return None if chosen is None or state.values.get("adapters") else chosen[0]
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
         out, t, phase = result.outputs, state.tensors, self._phase(state)

@@ -12,6 +12,7 @@ Rows whose prompts differ in length batch zero-padded with a text mask (diffuser
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -90,3 +91,136 @@ def qwen_forward(
     encoder_hidden_states=text, encoder_hidden_states_mask=mask, img_shapes=[[grid]] * B)`` computes)."""
     prep = prepare(model, latents, timestep, text, grid, mask)
     return finish(model, prep, run_blocks(model, prep, hook, branch))
+
+
+# ---- packed: several requests of different sizes (and prompt lengths) as one sequence ----
+
+
+@dataclass(slots=True)
+class Packed:
+    """A packed call: request ``i`` is ``text[i]`` text tokens and ``image[i]`` image tokens; the seam's
+    sequence is ``[every request's text; every request's image]``, and in attention each request's
+    text and image tokens form one segment attending to itself only (joint attention per request)."""
+
+    hidden: torch.Tensor  # [1, sum text + sum image, dim]
+    text: tuple[int, ...]  # text tokens per request
+    image: tuple[int, ...]  # image tokens per request
+    temb: list[torch.Tensor]  # per request [1, dim] timestep embedding
+    rotary: tuple[torch.Tensor, torch.Tensor]  # rope of every image token, of every text token
+    order: torch.Tensor  # seam position of each token in segment order (request 0 text, image, 1 ...)
+    inverse: torch.Tensor  # the segment-order index of each seam position
+    cu_seqlens: torch.Tensor  # segment boundaries [N + 1] in segment order
+    kernel: Callable[..., torch.Tensor]  # a packed_attention kernel (fv_core.kernels_packed signature)
+
+
+def prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel) -> Packed:
+    """Each request's input projections, timestep embedding and rope exactly as alone (``latents``
+    [1, sum image tokens, C], ``timestep`` [N], ``text`` [1, sum text tokens, text_dim], ``grids`` one per
+    request), laid end to end."""
+    images, contexts, temb, img_freqs, txt_freqs = [], [], [], [], []
+    for i, (lat, txt) in enumerate(zip(latents.split(image_lens, 1), text.split(text_lens, 1), strict=True)):
+        image = model.img_in(lat)
+        images.append(image)
+        contexts.append(model.txt_in(model.txt_norm(txt)))
+        temb.append(model.time_text_embed(timestep[i : i + 1].to(image.dtype), image))
+        img_f, txt_f = model.pos_embed([grids[i]], max_txt_seq_len=txt.shape[1], device=image.device)
+        img_freqs.append(img_f)
+        txt_freqs.append(txt_f)
+    hidden = torch.cat(contexts + images, 1)
+    order = _segment_order(text_lens, image_lens).to(hidden.device)
+    lengths = torch.tensor([t + n for t, n in zip(text_lens, image_lens, strict=True)], dtype=torch.int32)
+    cu = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+    return Packed(
+        hidden,
+        tuple(text_lens),
+        tuple(image_lens),
+        temb,
+        (torch.cat(img_freqs), torch.cat(txt_freqs)),
+        order,
+        torch.argsort(order),
+        cu,
+        kernel,
+    )
+
+
+def _segment_order(text_lens, image_lens) -> torch.Tensor:
+    total_text, text_at, image_at, parts = sum(text_lens), 0, 0, []
+    for t, n in zip(text_lens, image_lens, strict=True):
+        parts += [
+            torch.arange(text_at, text_at + t),
+            torch.arange(total_text + image_at, total_text + image_at + n),
+        ]
+        text_at, image_at = text_at + t, image_at + n
+    return torch.cat(parts)
+
+
+def _per_token(mods: list[torch.Tensor], lengths: tuple[int, ...]) -> list[torch.Tensor]:
+    """Per request modulation [1, 6 dim] to per token shift, scale, gate of norm1 and norm2, [1, tokens,
+    dim] each (every request's own values on its tokens)."""
+    rows = torch.cat([m[:, None].expand(-1, n, -1) for m, n in zip(mods, lengths, strict=True)], 1)
+    return list(rows.chunk(6, -1))
+
+
+def packed_attention(attn, image: torch.Tensor, context: torch.Tensor, pack: Packed) -> tuple:
+    """diffusers' QwenDoubleStreamAttnProcessor2_0 math on a packed call: each request's text and image
+    tokens attend jointly, to their own request only (``pack.kernel`` over its segments)."""
+    from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+    head_dim = attn.inner_dim // attn.heads
+    iq, ik, iv = (f(image).unflatten(-1, (-1, head_dim)) for f in (attn.to_q, attn.to_k, attn.to_v))
+    tq, tk, tv = (
+        f(context).unflatten(-1, (-1, head_dim)) for f in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
+    )
+    iq, ik = attn.norm_q(iq), attn.norm_k(ik)
+    tq, tk = attn.norm_added_q(tq), attn.norm_added_k(tk)
+    img_f, txt_f = pack.rotary
+    iq, ik = (apply_rotary_emb_qwen(x, img_f, use_real=False) for x in (iq, ik))
+    tq, tk = (apply_rotary_emb_qwen(x, txt_f, use_real=False) for x in (tq, tk))
+    joint = [
+        torch.cat([t, i], 1).index_select(1, pack.order).transpose(1, 2)
+        for t, i in ((tq, iq), (tk, ik), (tv, iv))
+    ]
+    out = pack.kernel(*joint, pack.cu_seqlens).transpose(1, 2).index_select(1, pack.inverse)
+    out = out.flatten(2, 3).to(joint[0].dtype)
+    split = context.shape[1]
+    image_out = attn.to_out[0](out[:, split:].contiguous())
+    if len(attn.to_out) > 1:
+        image_out = attn.to_out[1](image_out)
+    return image_out, attn.to_add_out(out[:, :split].contiguous())
+
+
+def packed_block(block, hidden: torch.Tensor, pack: Packed) -> torch.Tensor:
+    """One QwenImageTransformerBlock (diffusers' math) on a packed call, each token modulated by its own
+    request's timestep."""
+    split = sum(pack.text)
+    context, image = hidden[:, :split], hidden[:, split:]
+    i_shift, i_scale, i_gate, i_shift2, i_scale2, i_gate2 = _per_token(
+        [block.img_mod(t) for t in pack.temb], pack.image
+    )
+    t_shift, t_scale, t_gate, t_shift2, t_scale2, t_gate2 = _per_token(
+        [block.txt_mod(t) for t in pack.temb], pack.text
+    )
+    img_in = block.img_norm1(image) * (1 + i_scale) + i_shift
+    txt_in = block.txt_norm1(context) * (1 + t_scale) + t_shift
+    img_attn, txt_attn = packed_attention(block.attn, img_in, txt_in, pack)
+    image = image + i_gate * img_attn
+    context = context + t_gate * txt_attn
+    image = image + i_gate2 * block.img_mlp(block.img_norm2(image) * (1 + i_scale2) + i_shift2)
+    context = context + t_gate2 * block.txt_mlp(block.txt_norm2(context) * (1 + t_scale2) + t_shift2)
+    if image.dtype == torch.float16:
+        context, image = context.clip(-65504, 65504), image.clip(-65504, 65504)
+    return torch.cat([context, image], 1)
+
+
+def qwen_forward_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel) -> torch.Tensor:
+    """Flow velocity [1, sum image tokens, C] of requests packed as one sequence: each request's part
+    equals :func:`qwen_forward` of it alone (to float rounding; exactly where the kernel and the
+    matmuls are row-invariant)."""
+    pack = prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel)
+    hidden = pack.hidden
+    for block in model.transformer_blocks:
+        hidden = packed_block(block, hidden, pack)
+    images = hidden[:, sum(text_lens) :].split(list(image_lens), 1)
+    return torch.cat(
+        [model.proj_out(model.norm_out(x, t)) for x, t in zip(images, pack.temb, strict=True)], 1
+    )
