@@ -90,14 +90,16 @@ def padded(tensors: list[torch.Tensor], dim: int) -> list[torch.Tensor]:
     return out
 
 
-def split_outputs(outputs: dict[str, Any], sizes: list[int], first: WorkPlan | None = None, seg=None):
+def split_outputs(
+    outputs: dict[str, Any], sizes: list[int], first: WorkPlan | None = None, seg: dict | None = None
+) -> list[dict[str, Any]]:
     """Per plan outputs: tensors split by rows (``sizes``), or, for an output that follows a packed input
     of ``first`` (``packed_outputs``), along that input's dim by its segment lengths ``seg``."""
     total = sum(sizes)
     parts: list[dict[str, Any]] = [{} for _ in sizes]
     follows = first.packed_outputs if first is not None else {}
     for name, value in outputs.items():
-        if name in follows:
+        if name in follows and first is not None and seg is not None:
             source = follows[name]
             for part, chunk in zip(parts, value.split(seg[source], dim=first.packed[source]), strict=True):
                 part[name] = chunk
