@@ -74,6 +74,18 @@ def _compiled_flex() -> Any:
     return torch.compile(flex_attention, dynamic=False)
 
 
+def document_mask(cu_seqlens: torch.Tensor, tokens: int, device: torch.device, compile: bool = True) -> Any:
+    """Flex attention's BlockMask letting each token see its own segment only."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    ids = segment_ids(cu_seqlens.to(device))
+
+    def same_segment(b, h, q, k):  # flex's mask_mod signature
+        return ids[q] == ids[k]
+
+    return create_block_mask(same_segment, None, None, tokens, tokens, device=device, _compile=compile)
+
+
 def packed_flex(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -82,17 +94,7 @@ def packed_flex(
     scale: float | None = None,
 ) -> torch.Tensor:
     """Compiled flex attention with a document mask (blocks between segments are skipped)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    ids = segment_ids(cu_seqlens.to(query.device))
-
-    def same_segment(b, h, q, k):  # flex's mask_mod signature
-        return ids[q] == ids[k]
-
-    tokens = query.shape[2]
-    block_mask = create_block_mask(
-        same_segment, None, None, tokens, tokens, device=query.device, _compile=True
-    )
+    block_mask = document_mask(cu_seqlens, query.shape[2], query.device)
     return _compiled_flex()(query, key, value, block_mask=block_mask, scale=scale)
 
 
