@@ -2,9 +2,11 @@
 ``/stream`` of a running job's chunks.
 
 A video is a job: created at once (queued in the engine), followed in the background, its mp4 and
-provenance saved when it completes (the way ``fv generate`` saves them). Jobs survive restarts: a queued
-job a stopped server kept runs again on the next one; on a shared store (a fleet), a replica cancels
-its jobs deleted through another replica and takes over the jobs of replicas that stopped.
+provenance saved to the artifact storage when it completes (the way ``fv generate`` saves them). Jobs
+survive restarts: a queued job a stopped server kept (with its upload) runs again on the next one; on a
+shared store (a fleet), a replica cancels its jobs deleted through another replica and takes over the
+jobs of replicas that stopped. Any replica serves any job's mp4; on S3 storage a completed job's
+answer also carries a presigned link (``x-fv-download-url``).
 """
 
 from __future__ import annotations
@@ -248,7 +250,10 @@ def router(video_body: type[VideoBase]) -> APIRouter:
     @router.get("/videos/{video_id}", response_model=Video)
     async def retrieve_video(video_id: str, response: Response, videos: Videos = Depends(_videos)) -> Video:
         response.headers["openai-poll-after-ms"] = POLL_AFTER_MS
-        return _video(videos, video_id)
+        video = _video(videos, video_id)
+        if video.status == "completed" and (link := videos.store.link(video_id)) is not None:
+            response.headers["x-fv-download-url"] = link  # S3 storage: a presigned link to the mp4
+        return video
 
     @router.get(
         "/videos/{video_id}/content",

@@ -39,18 +39,14 @@ def _start(tmp_path, name: str, deploy: dict) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{line.split()[1]}"
 
 
-def _completed(url: str) -> float:
-    found = re.search(
-        rf'^fv_jobs_total{{model="{TINY}",status="completed"}} (\S+)$', httpx.get(f"{url}/metrics").text, re.M
-    )
+def _jobs_total(url: str, status: str) -> float:
+    metrics = httpx.get(f"{url}/metrics").text
+    found = re.search(rf'^fv_jobs_total{{model="{TINY}",status="{status}"}} (\S+)$', metrics, re.M)
     return float(found[1]) if found else 0.0
 
 
-def _cancelled(url: str) -> float:
-    found = re.search(
-        rf'^fv_jobs_total{{model="{TINY}",status="cancelled"}} (\S+)$', httpx.get(f"{url}/metrics").text, re.M
-    )
-    return float(found[1]) if found else 0.0
+def completed_id(ends: dict) -> str:
+    return next(job_id for job_id, video in ends.items() if video.status == "completed")
 
 
 def test_two_hosts_share_postgres_and_s3_and_survive_one_killed(tmp_path, postgres, s3):
@@ -67,7 +63,9 @@ def test_two_hosts_share_postgres_and_s3_and_survive_one_killed(tmp_path, postgr
             time.sleep(0.02)
         assert clients[b_url].videos.delete(on_a.id).deleted
         deadline = time.monotonic() + 10
-        while _cancelled(a_url) < 1:  # a's watcher saw the row gone and cancelled at a step boundary
+        while (
+            _jobs_total(a_url, "cancelled") < 1
+        ):  # a's watcher saw the row gone and cancelled at a step boundary
             assert time.monotonic() < deadline, "host a never cancelled the job deleted through b"
             time.sleep(0.05)
 
@@ -97,7 +95,10 @@ def test_two_hosts_share_postgres_and_s3_and_survive_one_killed(tmp_path, postgr
         for job_id, video in ends.items():  # none lost: each completed, or failed with the reason
             assert video.status == "completed" or video.error.code == "server_restart", video
             if video.status == "completed":  # from the bucket, through the host that lives
-                assert len(b_client.videos.download_content(job_id).read()) > 1000
+                mp4 = b_client.videos.download_content(job_id).read()
+                assert len(mp4) > 1000
+        link = httpx.get(f"{b_url}/v1/videos/{completed_id(ends)}").headers["x-fv-download-url"]
+        assert httpx.get(link).content == b_client.videos.download_content(completed_id(ends)).read()
         db = Database(url)
         owners = dict(db.execute("SELECT id, owner FROM jobs").fetchall())
         db.close()
@@ -105,7 +106,9 @@ def test_two_hosts_share_postgres_and_s3_and_survive_one_killed(tmp_path, postgr
         assert taken_over, "host b ran none of host a's queued jobs"
         completed = [j for j, v in ends.items() if v.status == "completed"]
         assert set(completed) - done_by_a == {j for j in completed if owners[j] == "host-b"}
-        assert _completed(b_url) == len(completed) - len(done_by_a)  # b ran each of the rest once
+        assert _jobs_total(b_url, "completed") == len(completed) - len(
+            done_by_a
+        )  # b ran each of the rest once
     finally:
         for proc in (a, b):
             proc.kill()

@@ -1,6 +1,8 @@
-"""Two Ray Serve replicas of the tiny Wan model behind the real Serve HTTP proxy, on one shared data dir.
+"""Two Ray Serve replicas of the tiny Wan model behind the real Serve HTTP proxy, on two Ray nodes, with
+the jobs in PostgreSQL and the artifacts in a shared folder (what a fleet across hosts runs).
 
-One module-scoped local Ray cluster (``ray.init(num_cpus=2)``). "Either replica" is addressed by
+One module-scoped Ray cluster of two nodes started with ``ray start`` (a head and a worker, one CPU
+each: one replica per node) and a throwaway PostgreSQL cluster. "Either replica" is addressed by
 pinning: the deployment runs Ray's consistent-hash request router with strict affinity, so every
 request carrying one ``x-session-id`` lands on one replica; every answer names its replica in
 ``x-fv-replica``, so the tests find a session id for each replica and then talk to each on purpose.
@@ -10,9 +12,13 @@ lands on one replica and goes live on both.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,6 +30,8 @@ import fv_core
 from fv_core.serving.jobs import JobStore, new_job_id
 from fv_core.training import WeightSyncPlan, push_weights
 from fv_ray_serve import QUEUE_DEPTH, applications, split_fleet
+from tests.plugins.fv_ray_serve.ray_nodes import RayNodes
+from tests.serving.postgres import PostgresCluster
 from tests.serving.support import TINY, free_port, wan_host
 
 QUICK = {"size": "32x32", "num_frames": 5, "num_inference_steps": 2}
@@ -34,13 +42,25 @@ LONG = {
 }  # ~9 s on one replica: cancellable mid-run
 
 
+@dataclass
+class Fleet:
+    http: httpx.Client
+    shared: Path  # the artifact folder every node reads
+    name: str  # the Serve application
+    store: str  # the PostgreSQL job store's URL
+    data: Path  # each node's own data dir (staging only)
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    data = tmp_path_factory.mktemp("fleet-data")
-    mp = pytest.MonkeyPatch()  # replicas inherit the environment of the cluster ray.init starts
-    mp.setenv("FV_PLUGINS", "fv-wan")
-    mp.setenv("FV_CACHE_DIR", str(tmp_path_factory.mktemp("fv-cache")))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    data, shared = tmp_path_factory.mktemp("fleet-data"), tmp_path_factory.mktemp("fleet-shared")
+    env = {"FV_PLUGINS": "fv-wan", "FV_CACHE_DIR": str(tmp_path_factory.mktemp("fv-cache"))}  # every worker's
+    with PostgresCluster() as pg, RayNodes(env) as _:
+        store = pg.database()
+        yield from _serve(data, shared, store)
+
+
+def _serve(data: Path, shared: Path, store: str):
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     deploy, scale = split_fleet(
@@ -48,9 +68,19 @@ def fleet(tmp_path_factory):
             "plugins": ["fv-wan"],
             "models": [{"card": TINY}],
             "data_dir": str(data),
+            "store": store,
+            "artifacts": f"file://{shared}",
             "limits": {"max_frames": 41, "max_steps": 200, "max_queue": 64, "max_running": 4},
             "shutdown_grace_s": 0,
-            "fleet": {"models": {TINY: {"replicas": 2, "ray_actor_options": {"num_cpus": 1}}}},
+            "fleet": {
+                "models": {
+                    TINY: {
+                        "replicas": 2,
+                        "max_replicas_per_node": 1,
+                        "ray_actor_options": {"num_cpus": 1},
+                    }
+                }
+            },  # fmt: skip
         }
     )
     pin = RequestRouterConfig(
@@ -60,16 +90,14 @@ def fleet(tmp_path_factory):
     [(name, app, prefix)] = applications(deploy, scale, options={"request_router_config": pin})
     serve.run(app, name=name, route_prefix=prefix)
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-        yield http, data, name
+        yield Fleet(http, shared, name, store, data)
     serve.shutdown()
-    ray.shutdown()
-    mp.undo()
 
 
 @pytest.fixture(scope="module")
 def sessions(fleet):
     """A session id pinned to each replica: {replica id: session id}."""
-    http, _, _ = fleet
+    http = fleet.http
     found: dict[str, str] = {}
     for i in range(200):
         replica = http.get("/health", headers={"x-session-id": f"s{i}"}).headers["x-fv-replica"]
@@ -94,7 +122,7 @@ def _wait(http, job_id, headers, until, timeout=60.0):
 
 
 def test_two_replicas_serve_forty_jobs_from_eight_clients_with_none_lost(fleet):
-    http, _, _ = fleet
+    http = fleet.http
     made: list[tuple[str, str]] = []  # (job id, replica that took it)
     lock = threading.Lock()
 
@@ -119,7 +147,7 @@ def test_two_replicas_serve_forty_jobs_from_eight_clients_with_none_lost(fleet):
 
 
 def test_a_job_is_read_and_downloaded_through_the_other_replica(fleet, sessions):
-    http, _, _ = fleet
+    http = fleet.http
     a, b = sessions
     made = http.post("/v1/videos", json={"prompt": "made on a", **QUICK}, headers=_on(sessions[a]))
     assert made.headers["x-fv-replica"] == a
@@ -137,7 +165,7 @@ def _cancelled_on(http, session: str) -> float:
 
 @pytest.mark.parametrize("order", ["a->b", "b->a"])
 def test_a_running_job_is_cancelled_through_the_other_replica(fleet, sessions, order):
-    http, _, _ = fleet
+    http = fleet.http
     owner, other = sessions if order == "a->b" else reversed(list(sessions))
     before = _cancelled_on(http, sessions[owner])
     made = http.post("/v1/videos", json={"prompt": "cancel me", **LONG}, headers=_on(sessions[owner]))
@@ -156,18 +184,22 @@ def test_a_running_job_is_cancelled_through_the_other_replica(fleet, sessions, o
 
 
 def test_a_starting_replica_recovers_only_the_jobs_of_replicas_that_are_gone(fleet, sessions):
-    http, data, _ = fleet
+    http = fleet.http
     a = next(iter(sessions))
     live = http.post("/v1/videos", json={"prompt": "a live replica's job", **LONG}, headers=_on(sessions[a]))
     live_id = live.json()["id"]
     _wait(http, live_id, {}, lambda v: v["status"] == "in_progress")
-    dead = JobStore(data, owner="replica-that-died")  # a replica that ran a job, then stopped
+    dead = JobStore(
+        fleet.data, owner="replica-that-died", store=fleet.store
+    )  # a replica that ran a job, then stopped
     dead_id = new_job_id()
     dead.create(dead_id, TINY, "32x32", "auto", "left running")
     dead.progress(dead_id, 30)
     dead.close()
 
-    newcomer = JobStore(data, owner="replica-starting-now")  # what a new replica does on start
+    newcomer = JobStore(
+        fleet.data, owner="replica-starting-now", store=fleet.store
+    )  # what a new replica does on start
     try:
         assert newcomer.get(live_id).status == "in_progress"  # the live replica's job is untouched
         failed = newcomer.get(dead_id)
@@ -179,7 +211,7 @@ def test_a_starting_replica_recovers_only_the_jobs_of_replicas_that_are_gone(fle
 
 
 def test_each_replica_reports_its_queue_depth_to_the_autoscaler(fleet, sessions):
-    http, _, name = fleet
+    http, name = fleet.http, fleet.name
     handle = serve.get_deployment_handle(name, app_name=name)
 
     def depths() -> list[float]:
@@ -202,7 +234,7 @@ def test_each_replica_reports_its_queue_depth_to_the_autoscaler(fleet, sessions)
 
 
 def test_a_weight_push_through_the_proxy_reaches_both_replicas(fleet, sessions):
-    http, data, _ = fleet
+    http = fleet.http
     live = fv_core.load(TINY, host=wan_host()).instance.component("transformer").state_dict()
     new = {k: v + 0.05 for k, v in live.items() if v.is_floating_point()}
     plan = WeightSyncPlan(components=["transformer"], version="fleet-step-1")
@@ -213,5 +245,44 @@ def test_a_weight_push_through_the_proxy_reaches_both_replicas(fleet, sessions):
         made = http.post("/v1/videos", json={"prompt": "after the push", **QUICK}, headers=_on(session))
         assert made.headers["x-fv-replica"] == replica
         _wait(http, made.json()["id"], {}, lambda v: v["status"] == "completed")
-        provenance = (data / "videos" / f"{made.json()['id']}.json").read_text()
+        provenance = (fleet.shared / "videos" / f"{made.json()['id']}.json").read_text()
         assert '"transformer": "fleet-step-1"' in provenance, replica
+
+
+def _replica_processes() -> dict[str, tuple[int, str]]:
+    """Serve replica unique id -> (pid, node id) of its actor."""
+    found = {}
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith("SERVE_REPLICA::"):
+            handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+            where = handle.__ray_call__.remote(
+                lambda _: (os.getpid(), ray.get_runtime_context().get_node_id())
+            )
+            found[actor["name"].rsplit("#", 1)[-1]] = ray.get(where, timeout=30)
+    return found
+
+
+def test_replicas_run_on_both_nodes_and_a_killed_ones_jobs_are_recovered_on_the_other(fleet, sessions):
+    http = fleet.http
+    replicas = _replica_processes()
+    assert len({node for _, node in replicas.values()}) == 2  # one replica per node
+    victim, survivor = sessions
+    jobs = [
+        http.post("/v1/videos", json={"prompt": f"on the victim {i}", "seed": i, **QUICK, "num_inference_steps": 40},
+                  headers=_on(sessions[victim])).json()["id"]
+        for i in range(6)
+    ]  # fmt: skip  # 4 run (max_running), 2 wait in its queue
+    _wait(http, jobs[0], _on(sessions[survivor]), lambda v: v["status"] == "in_progress")
+    [pid] = [pid for uid, (pid, _) in replicas.items() if f"-{uid}-" in victim]  # its id names its actor
+    os.kill(pid, signal.SIGKILL)  # the replica's process dies (its node lives; Serve starts another)
+    ends = [
+        _wait(http, j, _on(sessions[survivor]), lambda v: v["status"] in ("completed", "failed"), 90)
+        for j in jobs
+    ]
+    for video in ends:  # none lost: completed (on the survivor or a replacement), or failed with the reason
+        assert video["status"] == "completed" or video["error"]["code"] == "server_restart", video
+    assert any(v["status"] == "completed" for v in ends[4:]), ends  # the victim's queued jobs ran elsewhere
+    for video in ends:
+        if video["status"] == "completed":
+            content = http.get(f"/v1/videos/{video['id']}/content", headers=_on(sessions[survivor]))
+            assert content.status_code == 200 and content.content[4:8] == b"ftyp"

@@ -40,6 +40,7 @@ class ModelFleet(Strict):
     downscale_delay_s: float = Field(120, ge=0)  # ... and shallow this long before one is removed
     max_ongoing_requests: int = Field(64, ge=1)  # concurrent HTTP requests a replica takes (polls, downloads)
     ray_actor_options: dict[str, Any] = Field(default_factory=dict)  # e.g. {"num_gpus": 1}
+    max_replicas_per_node: int | None = Field(None, ge=1)  # 1: spread the replicas over the cluster's nodes
 
     @model_validator(mode="after")
     def _one_way_to_scale(self) -> ModelFleet:

@@ -6,8 +6,10 @@ FastAPI app (``create_app``) as its Serve ingress, so the OpenAI-compatible API 
 image uploads included) and mp4 downloads served straight from the replica. Each model scales on
 its own queue. With one served model its application answers at ``/`` (``base_url=.../v1``);
 with several, model ``m`` answers at ``/m`` (``base_url=.../m/v1``). Every replica of every model
-shares the data dir's job store (``JobStore`` shared mode), so any replica reads, downloads, lists
-and deletes (cancels) any job.
+shares one job store (``JobStore`` shared mode), so any replica reads, downloads, lists and deletes
+(cancels) any job: the data dir's SQLite when every replica runs on one host, or the deploy file's
+``store: postgresql://...`` with ``artifacts:`` on a shared folder or an S3 bucket when the Ray
+cluster spans hosts (each node's ``data_dir`` then only stages files).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def _options(deploy: DeploymentCard, name: str, scale: ModelFleet) -> dict[str, 
         # a stopping replica drains (the deploy's grace for in-flight jobs) before Ray kills it
         "graceful_shutdown_timeout_s": deploy.shutdown_grace_s + 10,
     }
+    if scale.max_replicas_per_node is not None:
+        options["max_replicas_per_node"] = scale.max_replicas_per_node
     if not scale.autoscaled:
         options["num_replicas"] = scale.replicas or 1
         return options
