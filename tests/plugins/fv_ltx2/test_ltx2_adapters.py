@@ -256,24 +256,28 @@ def test_cached_requests_with_different_adapters_batch_and_equal_their_solo_cach
     assert max(steps.sizes) == 3
 
 
-def test_the_text_cache_is_keyed_by_the_gemma_and_connector_adapters(model, plane):
+def test_the_text_and_kv_caches_are_keyed_by_the_adapters(model, plane):
+    """Text features by Gemma's and the connectors' adapters; the prompt keys/values by those and the
+    transformer's too (``av`` adapts the text cross-attention's key projection)."""
+
     def run(adapters=()):
         request = model.prepare({**ASK, "seed": 4}, adapters=adapters)
         with torch.no_grad():
             result = Engine().run_one(*model.job(request))
-        return result.outputs["frames"], result.metrics["text_cache_hits"]
+        return result.outputs["frames"], result.metrics["text_cache_hits"], result.metrics["kv_cache_hits"]
 
     model.instance.feature_cache.invalidate()
-    plain, hits = run()
-    assert hits == 0
-    for name in ("te", "own"):  # Gemma's adapter; the connectors' (with the transformer's)
-        features, hits = run([name])
-        assert hits == 0, f"{name}: another request's cached text features were served"
+    model.instance.kv_cache.invalidate()
+    plain, hits, kv_hits = run()
+    assert hits == kv_hits == 0
+    for name, text_hits in (("te", 0), ("own", 0), ("av", 2)):  # Gemma's; the connectors' (+ the
+        features, hits, kv_hits = run([name])  # transformer's); the transformer's alone
+        assert hits == text_hits and kv_hits == 0, f"{name}: another request's cached features were served"
         assert gap(features, plain) > 1e-3
-        again, hits = run([name])
-        assert hits == 2 and torch.equal(again, features)
-    again, hits = run()
-    assert hits == 2 and torch.equal(again, plain)
+        again, hits, kv_hits = run([name])
+        assert hits == kv_hits == 2 and torch.equal(again, features)
+    again, hits, kv_hits = run()
+    assert hits == kv_hits == 2 and torch.equal(again, plain)
 
 
 def test_the_two_stage_program_runs_the_adapter_on_top_of_the_refine_lora(model, plane, lora_files, ltx_path):

@@ -119,7 +119,9 @@ def test_a_named_card_refuses_a_differently_shaped_folder(ltx_host, ltx3_path):
 def test_branches_that_are_no_ops_do_not_run_and_the_text_cache_hits(model):
     off = model.generate(prompt="a quiet room", guidance_scale=1.0, audio_guidance_scale=1.0, stg_scale=0.0,
                          audio_stg_scale=0.0, modality_scale=1.0, audio_modality_scale=1.0, num_inference_steps=2)  # fmt: skip
-    assert off.provenance["metrics"]["branches"] == ["cond"] and not off.provenance["metrics"]["stg_from_cond"]
+    assert (
+        off.provenance["metrics"]["branches"] == ["cond"] and not off.provenance["metrics"]["stg_from_cond"]
+    )
     again = model.generate(prompt="a quiet room", num_inference_steps=2)
     # the tiny transformer has no perturbed attention: STG's call would be the cond call, so it is not made
     assert again.provenance["metrics"]["branches"] == ["cfg", "modality"]

@@ -89,7 +89,9 @@ def test_a_transformer_sync_mid_run_keeps_each_request_on_its_weights(load, new_
         assert result.versions == {"transformer": "step-1"} and result.previous == {"transformer": old}
         assert result.pinned == ["a", "b", "p"] and result.tensors == {"transformer": len(new_weights)}
         # the old transformer's prompt keys/values (two prompts) go; the text features survive
-        assert result.cache_entries_dropped == 2 and len(inst.kv_cache) == 0 and len(inst.feature_cache) == text
+        assert (
+            result.cache_entries_dropped == 2 and len(inst.kv_cache) == 0 and len(inst.feature_cache) == text
+        )
         assert inst.retired_versions == [("transformer", old)]  # still used by a, b, p
 
         after = [ask(live, "d", 1), ask(live, "e", 4, "a quiet room"), ask(live, "q", 3, **two_stage)]

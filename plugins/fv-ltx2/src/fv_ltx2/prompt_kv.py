@@ -44,7 +44,9 @@ def prompt_kv(transformer, video_text: torch.Tensor, audio_text: torch.Tensor) -
     out = {}
     for stream, text in (("video", video_text), ("audio", audio_text)):
         attns = [getattr(block, PROMPT_ATTENTIONS[stream]) for block in m.transformer_blocks]
-        out[f"{stream}_kv"] = torch.stack([torch.stack([a.norm_k(a.to_k(text)), a.to_v(text)], 1) for a in attns], 1)
+        out[f"{stream}_kv"] = torch.stack(
+            [torch.stack([a.norm_k(a.to_k(text)), a.to_v(text)], 1) for a in attns], 1
+        )
     return out
 
 
@@ -106,7 +108,9 @@ def cached_prompt_kv(instance, state: LoopState, text_keys: list[CacheKey]) -> b
     return True
 
 
-def put_prompt_kv(instance, state: LoopState, text_keys: list[CacheKey], out: dict[str, torch.Tensor]) -> None:
+def put_prompt_kv(
+    instance, state: LoopState, text_keys: list[CacheKey], out: dict[str, torch.Tensor]
+) -> None:
     """Keep the computed keys/values in the request and, row by row, in the instance's cache."""
     for row, key in enumerate(kv_keys(state, text_keys)):
         instance.kv_cache.put(key, (out["video_kv"][row], out["audio_kv"][row]))

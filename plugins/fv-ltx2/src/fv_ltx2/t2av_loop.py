@@ -287,7 +287,11 @@ class LTX2Loop:
     ) -> None:
         state.tensors.update(video_text=video, audio_text=audio, text_mask=mask)
         state.values["phase"] = "denoise"
-        if self.prompt_kv and self.instance.parallel is None and cacheable(self._module(state, "transformer").config):
+        if (
+            self.prompt_kv
+            and self.instance.parallel is None
+            and cacheable(self._module(state, "transformer").config)
+        ):
             if not cached_prompt_kv(self.instance, state, self._keys(state)):
                 state.values["phase"] = "prompt_kv"
 

@@ -122,7 +122,9 @@ def forward_blocks(
             mine = picked.setdefault(tuple(subset.tolist()), pick_rows(mine, subset, rows))
         if prompt_kv:  # this block's keys/values (fv_ltx2.prompt_kv.PromptKVAttention takes them)
             video_kv, audio_kv = mine["encoder_hidden_states"], mine["audio_encoder_hidden_states"]
-            mine = dict(mine, encoder_hidden_states=video_kv[:, index], audio_encoder_hidden_states=audio_kv[:, index])
+            mine = dict(
+                mine, encoder_hidden_states=video_kv[:, index], audio_encoder_hidden_states=audio_kv[:, index]
+            )
         n = hidden.shape[0]
         v, a = hidden.split([video_shape[1] * video_shape[2], audio_shape[1] * audio_shape[2]], dim=1)
         v, a = m.transformer_blocks[index](
