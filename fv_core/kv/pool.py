@@ -12,7 +12,8 @@ request's ``LoopState``. The pool owns the storage and one reference count per p
 - ``release`` drops a sequence's references; pages nobody references return to the free list;
 - ``truncate`` cuts a sequence to its first tokens (a shorter prefix of the same pages);
 - ``gather`` copies sequences into step inputs padded to one length, with a mask of real tokens, so a
-  step body stays a pure function of its inputs.
+  step body stays a pure function of its inputs; or ``table`` gives rows' page tables, and a body reads
+  one layer at a time through them (``layer``): no padded copy of every layer's context per step.
 
 The pool's storage is allocated once (``nbytes``), so an instance that holds one reports it in its
 resident bytes. Its pages are a budget of their own: admission ``reserve``s each request's worst case
@@ -212,6 +213,30 @@ class PagedKVPool:
         """``seq``'s keys and values, ``[layers, kv_heads, length, head_dim]`` each (a copy)."""
         k = self.k[seq.pages].permute(1, 2, 0, 3, 4).flatten(2, 3)[:, :, : seq.length]
         v = self.v[seq.pages].permute(1, 2, 0, 3, 4).flatten(2, 3)[:, :, : seq.length]
+        return k, v
+
+    def table(self, seqs: list[KVSeq], pages: int) -> dict[str, torch.Tensor]:
+        """Rows' page tables ``ctx_pages`` ``[rows, pages]`` (page ids; past a sequence's pages: page 0, never
+        read) and ``ctx_valid`` ``[rows, pages * page_size]`` (True on real tokens), for :meth:`layer`."""
+        if any(len(s.pages) > pages for s in seqs):
+            raise ValueError(
+                f"a table of {pages} pages, but a sequence holds {max(len(s.pages) for s in seqs)}"
+            )
+        table = torch.tensor([s.pages + [0] * (pages - len(s.pages)) for s in seqs], dtype=torch.long)
+        lengths = torch.tensor([s.length for s in seqs])
+        valid = torch.arange(pages * self.page_size)[None] < lengths[:, None]
+        return {"ctx_pages": table.to(self.k.device), "ctx_valid": valid.to(self.k.device)}
+
+    def layer(
+        self, pages: torch.Tensor, valid: torch.Tensor, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values of rows read through their page tables (:meth:`table`):
+        ``[rows, kv_heads, pages * page_size, head_dim]`` each, zero past each row's real tokens."""
+        rows, n = pages.shape
+        _, _, kvh, size, d = self.k.shape
+        hide = ~valid[:, None, :, None]
+        k = self.k[pages, layer].permute(0, 2, 1, 3, 4).reshape(rows, kvh, n * size, d).masked_fill(hide, 0)
+        v = self.v[pages, layer].permute(0, 2, 1, 3, 4).reshape(rows, kvh, n * size, d).masked_fill(hide, 0)
         return k, v
 
     def gather(self, seqs: list[KVSeq], size: int) -> dict[str, torch.Tensor]:

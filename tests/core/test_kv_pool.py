@@ -89,3 +89,16 @@ def test_truncate_keeps_a_prefix_and_releases_the_rest():
     cut = pool.truncate(seq, 5)
     assert cut.length == 5 and cut.pages == seq.pages[:2] and pool.used_pages == 2
     assert torch.equal(pool.read(cut)[0], pool.read(KVSeq(seq.pages, 10))[0][:, :, :5])
+
+
+def test_layers_read_through_page_tables_equal_gather():
+    pool = PagedKVPool(2, 3, 4, page_size=4, num_pages=8)
+    a, b = pool.append(KVSeq(), *tokens(5, 0)), pool.append(KVSeq(), *tokens(2, 1))
+    table = pool.table([a, b], 3)
+    assert table["ctx_pages"].shape == (2, 3) and table["ctx_valid"].shape == (2, 12)
+    padded = pool.gather([a, b], 12)
+    for layer in range(2):
+        k, v = pool.layer(table["ctx_pages"], table["ctx_valid"], layer)
+        assert torch.equal(k, padded["ctx_k"][:, layer]) and torch.equal(v, padded["ctx_v"][:, layer])
+    with pytest.raises(ValueError, match="table of 1 pages"):
+        pool.table([a], 1)

@@ -4,11 +4,21 @@ The loops look them up here when they build a plan (``bodies.text_body``), so a 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 
 from fv_bagel.mot import linear
+
+
+def context(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The MoT's context arguments from a step's inputs: page tables into the KV pool (read one layer at a
+    time, in place of a padded copy) or padded keys/values."""
+    if "ctx_pages" in inputs:
+        pages, valid = inputs["ctx_pages"], inputs["ctx_valid"]
+        return {"ctx_valid": valid, "ctx_layer": partial(inputs["kv"].layer, pages, valid)}
+    return {"ctx_k": inputs["ctx_k"], "ctx_v": inputs["ctx_v"], "ctx_valid": inputs["ctx_valid"]}
 
 
 def text_body(net: Any, exact: bool, causal: bool, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -22,10 +32,8 @@ def text_body(net: Any, exact: bool, causal: bool, inputs: dict[str, Any]) -> di
         net.embed_tokens(ids),
         inputs["pos"],
         mask,
-        inputs["ctx_k"],
-        inputs["ctx_v"],
-        inputs["ctx_valid"],
         exact=exact,
+        **context(inputs),
     )
     return {"k": k, "v": v, "logits": linear(h[:, -1], lm.lm_head, exact)}
 
@@ -40,10 +48,8 @@ def token_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any]:
         net.embed_tokens(ids),
         inputs["pos"],
         torch.ones(t, t, dtype=torch.bool, device=ids.device).tril(),
-        inputs["ctx_k"],
-        inputs["ctx_v"],
-        inputs["ctx_valid"],
         exact=exact,
+        **context(inputs),
     )
     return {"k": k, "v": v, "logits": linear(h, lm.lm_head, exact)}
 
@@ -54,9 +60,7 @@ def vit_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any]:
     vit = net.vit_embeds(inputs["patches"][0], inputs["vit_ids"][0])[None].to(markers.dtype)
     h = torch.cat([markers[:, :1], vit, markers[:, 1:]], dim=1)
     mask = torch.ones(h.shape[1], h.shape[1], dtype=torch.bool, device=h.device)
-    _, k, v = net.language_model(
-        h, inputs["pos"], mask, inputs["ctx_k"], inputs["ctx_v"], inputs["ctx_valid"], exact=exact
-    )
+    _, k, v = net.language_model(h, inputs["pos"], mask, exact=exact, **context(inputs))
     return {"k": k, "v": v}
 
 
@@ -71,9 +75,7 @@ def denoise_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any
     gen = torch.zeros(h.shape[:2], dtype=torch.bool, device=h.device)
     gen[:, 1:-1] = True
     mask = torch.ones(n, n, dtype=torch.bool, device=h.device)
-    out, k, v = net.language_model(
-        h, inputs["pos"], mask, inputs["ctx_k"], inputs["ctx_v"], inputs["ctx_valid"], gen=gen, exact=exact
-    )
+    out, k, v = net.language_model(h, inputs["pos"], mask, gen=gen, exact=exact, **context(inputs))
     return {"velocity": linear(out[:, 1:-1], net.llm2vae, exact).float(), "k": k, "v": v}
 
 

@@ -4,12 +4,15 @@ A text segment is ``<|im_start|> text <|im_end|>`` (causal, one RoPE position pe
 understanding image ``<|vision_start|> ViT tokens <|vision_end|>`` and an edited image
 ``<|vision_start|> clean latent tokens <|vision_end|>`` (bidirectional inside, every token at one RoPE
 position, which then advances by one). Each segment is one prefill WorkUnit. The keys/values live in
-the instance's paged KV pool (:mod:`fv_core.kv`): the request's LoopState holds its page lists, a step
-gathers its padded inputs from the pool (bodies stay pure functions of their inputs), ``advance``
-writes the request's own pages, and ``finalize`` / ``release`` (cancel, failure) give them back.
+the instance's paged KV pool (:mod:`fv_core.kv`): the request's LoopState holds its page lists, a step's
+inputs are its rows' page tables and real-token masks (the body reads the pool's pages through them one
+layer at a time: no padded copy of the whole context per step), ``advance`` writes the request's own
+pages, and ``finalize`` / ``release`` (cancel, failure) give them back. Pages a step reads are never
+written while it may run: a request writes only its own pages (a shared one is copied first).
 
-Rows of one step may have contexts of different lengths: each is padded to a power-of-two bucket
-(``BUCKET``) with its real tokens marked, and the rows of one call to the longest (``WorkPlan.ragged``).
+Rows of one step may have contexts of different lengths: each table covers a power-of-two bucket of
+tokens (``BUCKET``) with its real tokens marked, and the rows of one call the longest
+(``WorkPlan.ragged``). Contexts held as tensors (tests) are padded copies.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import torch
 from fv_core import ConfigError
 from fv_core.kv import KVSeq
 
-RAGGED_CONTEXT = {"ctx_k": 3, "ctx_v": 3, "ctx_valid": 1}  # padded context inputs: rows differ in length
+# context inputs whose rows differ in length: page tables and masks (or padded keys/values)
+RAGGED_CONTEXT = {"ctx_pages": 1, "ctx_valid": 1, "ctx_k": 3, "ctx_v": 3}
 BUCKET = 16  # smallest padded context length of a step's inputs (then powers of two: ragged rows batch)
 
 
@@ -48,8 +52,9 @@ def padded(contexts: list[dict[str, Any]], size: int) -> dict[str, torch.Tensor]
 def plan_inputs(contexts: list[dict[str, Any]], **tensors: torch.Tensor) -> dict[str, Any]:
     """Step inputs over contexts held as tensors (``k``, ``v``) or as a sequence in a KV pool (``seq``)."""
     if "seq" in contexts[0]:
-        seqs = [KVSeq(**c["seq"]) for c in contexts]
-        return {**tensors, **contexts[0]["pool"].gather(seqs, bucket(max(s.length for s in seqs)))}
+        pool, seqs = contexts[0]["pool"], [KVSeq(**c["seq"]) for c in contexts]
+        pages = pool.pages_for(bucket(max(s.length for s in seqs)))
+        return {**tensors, "kv": pool, **pool.table(seqs, pages)}
     size = bucket(max(c["k"].shape[2] for c in contexts))
     return {**tensors, **padded(contexts, size)}
 

@@ -228,6 +228,7 @@ class MoTLanguageModel(nn.Module):
         ctx_valid: torch.Tensor | None = None,
         gen: torch.Tensor | None = None,
         exact: bool = False,
+        ctx_layer: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One block of ``T`` tokens per row over its context.
 
@@ -237,21 +238,27 @@ class MoTLanguageModel(nn.Module):
         :param ctx_k: context keys ``[B, layers, kvh, S, d]`` (values alike), padded; None: no context.
         :param ctx_valid: ``[B, S]`` bool, the real context tokens.
         :param gen: ``[B, T]`` bool, tokens of the generation expert (None: all understanding).
+        :param ctx_layer: instead of ``ctx_k`` / ``ctx_v``: layer ``i``'s context keys and values
+            ``[B, kvh, S, d]`` (read from the KV pool's pages one layer at a time).
         :returns: final hidden states ``[B, T, D]`` (normed by each token's expert) and the block's
             keys and values ``[B, layers, kvh, T, d]``.
         """
         b, t, _ = h.shape
         layers, kvh, d = self.kv_shape
-        if ctx_k is None or ctx_v is None or ctx_valid is None:
+        if ctx_valid is None:
             ctx_k = ctx_v = h.new_zeros(b, layers, kvh, 0, d)
             ctx_valid = torch.zeros(b, 0, dtype=torch.bool, device=h.device)
+        if ctx_layer is None:
+            assert ctx_k is not None and ctx_v is not None, "a context is ctx_k and ctx_v, or ctx_layer"
+            keys_of, values_of = ctx_k, ctx_v
+            ctx_layer = lambda i: (keys_of[:, i], values_of[:, i])  # noqa: E731
         keep = torch.cat([ctx_valid[:, None, :].expand(b, t, -1), block_mask.expand(b, t, t)], dim=-1)[
             :, None
         ]
         rope = self.model.rotary_emb(h, positions)
         keys, values = [], []
         for i, layer in enumerate(self.model.layers):
-            h, k, v = layer(h, gen, rope, ctx_k[:, i], ctx_v[:, i], keep, exact)
+            h, k, v = layer(h, gen, rope, *ctx_layer(i), keep, exact)
             keys.append(k)
             values.append(v)
         h = routed(h, gen, self.model.norm, self.model.norm_moe_gen)

@@ -207,7 +207,7 @@ class ImageLoop(PrefillLoop):
             kind=WorkUnitKind.DIFFUSION_STEP,
             body=partial(bodies.denoise_body, self._net(state), inst.exact),
             inputs=inputs,
-            batch_key=self._key(state, "diffusion_denoise", (*s.grid_shape, inputs["ctx_k"].shape[3])),
+            batch_key=self._key(state, "diffusion_denoise", (*s.grid_shape, inputs["ctx_valid"].shape[1])),
             batch_size=rows,
             label=f"denoise {state.step + 1}/{state.total_steps} ({'+'.join(branches)})",
         )
