@@ -13,7 +13,9 @@ from typing import Any
 import torch
 
 from fv_core.extend import BLOCKS_INPUT
+from fv_core.loop import SEGMENTS
 from fv_wan import conditioning
+from fv_wan.packed import wan_forward_packed
 from fv_wan.transformer import folded_text_kv, image_kv, text_kv, wan_forward_kv
 
 # Most bytes of decoded frames one VAE call makes. The decode's working set grows with the rows of a
@@ -30,12 +32,16 @@ def encode_body(text_encoder, inputs: dict[str, Any]) -> dict[str, Any]:
     return {"embeds": torch.where(mask.bool().unsqueeze(-1), hidden, torch.zeros((), dtype=hidden.dtype))}
 
 
-def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
+def denoise_body(transformer, inputs: dict[str, Any], packed=None) -> dict[str, Any]:
     """Flow velocity; with ``neg_kv`` present, one forward per CFG branch (two-forward CFG).
 
     ``inputs[BLOCKS_INPUT]``: the request's block hook when a block interceptor is on (else None);
-    ``inputs["branch_suffix"]`` keeps a second expert's block caches apart from the first's.
+    ``inputs["branch_suffix"]`` keeps a second expert's block caches apart from the first's. A plan in
+    the packed form (flattened ``latents`` beside their ``shape``) runs :func:`packed_denoise_body`
+    on the ``packed`` attention kernel.
     """
+    if "shape" in inputs:
+        return packed_denoise_body(transformer, inputs, packed)
     latents, t, hook = inputs["latents"], inputs["timestep"], inputs.get(BLOCKS_INPUT)
     suffix, img_kv, length = inputs.get("branch_suffix", ""), inputs.get("img_kv"), inputs.get("kv_length", 0)
 
@@ -51,6 +57,48 @@ def denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
             kv_rows=inputs.get(kv + "_rows"),
             kv_length=length,
         )
+
+    if "neg_kv" in inputs:
+        return {"cond": forward("kv", "cond"), "uncond": forward("neg_kv", "uncond")}
+    return {"velocity": forward("kv", "main")}
+
+
+def packed_denoise_body(transformer, inputs: dict[str, Any], kernel) -> dict[str, Any]:
+    """:func:`denoise_body` of requests of any size as one sequence: ``latents`` [1, C, sum of each
+    request's F x H x W] beside each request's ``shape`` (F, H, W), ``kv`` (and ``neg_kv``) laid end to end
+    on the text dim, ``timestep`` [N]; velocities come back flattened the same way. A plan alone, or
+    one with block hooks (interceptors), runs each request through the plain forward with its own hook."""
+    seg = inputs.get(SEGMENTS)
+    alone = seg is None
+    shapes = [inputs["shape"]] if alone else list(inputs["shape"])
+    tokens = [s[0] * s[1] * s[2] for s in shapes]
+    latents = [x.unflatten(2, s) for x, s in zip(inputs["latents"].split(tokens, 2), shapes, strict=True)]
+    lengths = [inputs["kv_length"]] if alone else list(inputs["kv_length"]) if "kv_length" in inputs else None
+    hooks = inputs.get(BLOCKS_INPUT)
+    members = [hooks] if alone else [None] * len(shapes) if hooks is None else [h for h, _ in hooks.members]
+    suffix, t = inputs.get("branch_suffix", ""), inputs["timestep"]
+
+    def forward(name: str, branch: str) -> torch.Tensor:
+        kv = inputs[name].split([inputs[name].shape[3]] if alone else list(seg[name]), 3)
+        rows = inputs.get(name + "_rows")
+        rows_i = [None] * len(kv) if rows is None else list(rows.split(1))
+        if alone or hooks is not None:
+            out = [
+                wan_forward_kv(
+                    transformer,
+                    x,
+                    t[i : i + 1],
+                    kv[i],
+                    hook=members[i],
+                    branch=branch + suffix,
+                    kv_rows=rows_i[i],
+                    kv_length=lengths[i] if lengths else 0,
+                )
+                for i, x in enumerate(latents)
+            ]
+        else:
+            out = wan_forward_packed(transformer, latents, t, list(kv), kernel, rows_i, lengths)
+        return torch.cat([v.flatten(2) for v in out], 2)
 
     if "neg_kv" in inputs:
         return {"cond": forward("kv", "cond"), "uncond": forward("neg_kv", "uncond")}

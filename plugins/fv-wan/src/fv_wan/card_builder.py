@@ -177,7 +177,9 @@ def build(row: Row) -> ModelCard:
         loops=loops,
         recipe=RecipeSpec(**{**_recipe(row), **row.recipe, "assumes_loop": next(iter(loops))}),
         pipeline=pipeline,
-        accepts_kernels={"attention": ["*"]},  # blocks run through fv's attention seam: any kernel
+        # blocks run through fv's attention seam: any kernel; a packed_attention kernel packs requests of
+        # different sizes and frame counts into one step (fv_wan.packed)
+        accepts_kernels={"attention": ["*"], "packed_attention": ["*"]},
         # LoRA files as diffusers reads them for Wan (its own, original Wan's, musubi's), per request
         adapters=AdapterContract(
             loader="diffusers.loaders.lora_pipeline:WanLoraLoaderMixin",

@@ -113,7 +113,8 @@ class WanModel(SyncableComponents):
         if latents is not None:
             grid = grid_of(latents, self.component("transformer").config.patch_size)
         probe = torch.empty(0, dtype=self.dtype, device=self.device)
-        return {"attention": describe(impl, record, self.card.model_id, grid, probe)}
+        packed = {op: rec for op, (_, rec) in self.kernels.items() if op == "packed_attention"}
+        return {"attention": describe(impl, record, self.card.model_id, grid, probe), **packed}
 
     def resident_bytes(self) -> int:
         """Bytes admission reserves for this instance: the resident components' parameters and buffers,

@@ -351,9 +351,18 @@ class WanLoop:
             str(timestep.dtype),
         )
         group = inst.parallel
+        kernel = self._packed_kernel(state, mode, img_kv, timestep)
+        packed: dict[str, int] = {}
+        if kernel is not None:  # requests of any size and frame count share the step (fv_wan.packed)
+            inputs["latents"], inputs["shape"] = latents.flatten(2), tuple(latents.shape[2:])
+            packed = {"latents": 2, "shape": 0} | {n: 3 for n in ("kv", "neg_kv") if n in inputs}
+            if "kv_length" in inputs:  # folded prompts: each request's own full length
+                packed["kv_length"] = 0
+            shape_sig = ("packed", latents.shape[1], tuple(kv_sig[:2]), str(timestep.dtype))
+            ragged = {}
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=self._denoise_body(expert, pinned(state, expert)),
+            body=self._denoise_body(expert, pinned(state, expert), kernel),
             inputs=inputs,
             batch_key=batch_key(
                 inst,
@@ -368,16 +377,26 @@ class WanLoop:
             batch_size=inputs["latents"].shape[0],
             cost_s=self._cost(inst, state, latents),
             ragged=ragged,
+            packed=packed,
+            packed_outputs={out: "latents" for out in ("velocity", "cond", "uncond")} if packed else {},
             label=f"denoise {i + 1}/{v['steps']}" + (f" ({expert})" if suffix else ""),
         )
 
-    def _denoise_body(self, expert: str, version: str | None = None):
+    def _packed_kernel(self, state: LoopState, mode: str, img_kv, timestep: torch.Tensor):
+        """The deploy's packed_attention kernel when this step may be packed: one row per forward (no
+        batched CFG), text-only cross-attention, one timestep per request, one device, no adapters
+        (they apply per batch row, ``state.values["adapters"]``); else None."""
+        chosen = (self.instance.kernels or {}).get("packed_attention")
+        plain = mode != "batched" and img_kv is None and timestep.ndim == 1 and self.instance.parallel is None
+        return chosen[0] if chosen is not None and plain and not state.values.get("adapters") else None
+
+    def _denoise_body(self, expert: str, version: str | None = None, packed=None):
         """The denoise step body of ``expert`` (at weights ``version``; None: the live one): on the
-        instance's parallel group when it has one."""
+        instance's parallel group when it has one; ``packed``: the packed_attention kernel."""
         group = self.instance.parallel
         if group is not None:
             return partial(parallel_denoise_body, group, expert)
-        return partial(denoise_body, self.instance.component(expert, version))
+        return partial(denoise_body, self.instance.component(expert, version), packed=packed)
 
     def replay_plan(self, record: Any, step: Any) -> WorkPlan:
         """A recorded step (``record.steps[i]``) as a plan on this instance's live weights: its body
@@ -407,6 +426,10 @@ class WanLoop:
         values, tensors = state.values, state.tensors
         expert = self._expert(state, state.step)
         guidance = values["guidance"][expert]
+        shape = tensors["latents"].shape  # a packed step's velocities come flattened [1, C, F H W]
+        out = {
+            k: v.view(shape) if isinstance(v, torch.Tensor) and v.dim() == 3 else v for k, v in out.items()
+        }
         if "cond" in out:  # two-forward CFG
             velocity = out["uncond"] + guidance * (out["cond"] - out["uncond"])
         elif values["cfg"]:  # batched CFG: rows are [cond, uncond]
