@@ -81,6 +81,7 @@ class JobStore:
             self.db.close()
             raise
         self.storage: Storage = open_storage(artifacts, self.root)
+        self._progress: dict[str, int] = {}  # job id -> the percent last written, while it runs
         self.videos = self.storage.staging("videos/.keep").parent
         self.recovered = self.recover()
 
@@ -202,19 +203,23 @@ class JobStore:
         )
 
     def progress(self, job_id: str, progress: int) -> None:
-        """Record a step's progress; on PostgreSQL without waiting for the disk (a crash loses at most
-        the last few percents, which the job's restart redoes anyway)."""
+        """Record a step's progress when the percent changed; on PostgreSQL without waiting for the disk
+        (a crash loses at most the last few percents, and the job fails or reruns anyway)."""
+        if self._progress.get(job_id) == progress:
+            return
+        self._progress[job_id] = progress
+        update = f"UPDATE jobs SET status='in_progress', progress=? WHERE id=? AND owner=? AND {_UNFINISHED}"
+        if not self.db.postgres:
+            self.db.execute(update, (progress, job_id, self.me))
+            return
         with self.db.transaction():
-            if self.db.postgres:
-                self.db.execute("SET LOCAL synchronous_commit TO OFF")
-            self.db.execute(
-                f"UPDATE jobs SET status='in_progress', progress=? WHERE id=? AND owner=? AND {_UNFINISHED}",
-                (progress, job_id, self.me),
-            )
+            self.db.execute("SET LOCAL synchronous_commit TO OFF")
+            self.db.execute(update, (progress, job_id, self.me))
 
     def complete(self, job_id: str, size: str, seconds: str) -> bool:
         """Publish the staged mp4 and provenance (``video_path``) and mark the job completed; False
         (and the files removed) when the job was deleted or taken over meanwhile."""
+        self._progress.pop(job_id, None)
         nbytes = sum(self.storage.put(key) for key in _keys(job_id))
         cur = self.db.execute(
             "UPDATE jobs SET status='completed', progress=100, completed_at=?, size=?, seconds=?, bytes=? "
@@ -227,6 +232,7 @@ class JobStore:
         return bool(cur.rowcount == 1)
 
     def fail(self, job_id: str, code: str, message: str) -> None:
+        self._progress.pop(job_id, None)
         self.db.execute(
             "UPDATE jobs SET status='failed', completed_at=?, error_code=?, error_message=? WHERE id=? AND owner=?",
             (int(time.time()), code, message, job_id, self.me),
@@ -236,6 +242,7 @@ class JobStore:
         """Remove the row, its upload and its artifact; False when there was no such job."""
         if not ID_PATTERN.match(job_id):
             return False
+        self._progress.pop(job_id, None)
         with self.db.transaction():
             cur = self.db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
             self.db.execute("DELETE FROM uploads WHERE job_id=?", (job_id,))
