@@ -69,3 +69,70 @@ def pipeline(folder: str):
     pipe = QwenImagePipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+# -- the edit cards ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def edit_path(qwen_cache) -> str:
+    from fv_qwen_image.tiny import tiny_edit_weights
+
+    return tiny_edit_weights()
+
+
+@pytest.fixture(scope="session")
+def edit_model(qwen_host, edit_path):
+    return fv_core.load("qwen-image-edit-tiny", edit_path, host=qwen_host)
+
+
+@pytest.fixture(scope="session")
+def plus_second_path(tmp_path_factory) -> str:
+    """An Edit Plus folder of the second shape (3 blocks of 3 heads x 8, a 24-wide text encoder)."""
+    from fv_qwen_image.tiny import write_edit_checkpoint
+
+    path = tmp_path_factory.mktemp("qwen") / "qwen-edit-plus-second"
+    write_edit_checkpoint(path, "QwenImageEditPlusPipeline", SECOND_SHAPE, seed=7, text=SECOND_TEXT)
+    return str(path)
+
+
+def vl_processor(folder):
+    """transformers' Qwen2VLProcessor of ``folder`` (a processor/ folder). Where torchvision is missing,
+    transformers 5 can build no Qwen2-VL video processor (the edit pipelines never use one) and refuses a
+    processor without one; it is then built with ``video_processor=None``, the class check skipped."""
+    from unittest import mock
+
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    try:
+        return Qwen2VLProcessor.from_pretrained(folder)
+    except ImportError:
+        with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda *a: None):
+            image, tokenizer = (
+                AutoImageProcessor.from_pretrained(folder),
+                AutoTokenizer.from_pretrained(folder),
+            )
+            return Qwen2VLProcessor(image_processor=image, tokenizer=tokenizer, video_processor=None)
+
+
+def edit_pipeline(folder: str, plus: bool = False):
+    """diffusers' QwenImageEditPipeline (QwenImageEditPlusPipeline) on ``folder``."""
+    from pathlib import Path
+
+    from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+
+    cls = QwenImageEditPlusPipeline if plus else QwenImageEditPipeline
+    pipe = cls.from_pretrained(folder, processor=vl_processor(Path(folder) / "processor"))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def picture(width: int, height: int, seed: int):
+    """A random 8-bit RGB PIL image (smooth enough to survive resizing as a picture would)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    small = (rng.rand(max(2, height // 8), max(2, width // 8), 3) * 255).astype(np.uint8)
+    return Image.fromarray(small).resize((width, height), Image.BILINEAR)

@@ -11,8 +11,8 @@ from typing import Any
 
 from fv_core import WeightsError
 from fv_core.card import ModelCard, StepCostModel
-from fv_core.weights import component_folder
-from fv_qwen_image.cards import Row, architecture, build
+from fv_core.weights import component_folder, model_index
+from fv_qwen_image.cards import TASKS, Row, architecture, build
 
 
 def _config(folder: Path, file: str) -> dict[str, Any]:
@@ -34,7 +34,8 @@ VARIANT_FLAGS = (
 
 
 class QwenImageFolder:
-    """The reader of ``QwenImagePipeline`` folders (``fv_register_pipelines``)."""
+    """The reader of ``QwenImagePipeline``, ``QwenImageEditPipeline`` and ``QwenImageEditPlusPipeline``
+    folders (``fv_register_pipelines``)."""
 
     @staticmethod
     def card(folder: Path) -> ModelCard:
@@ -54,12 +55,22 @@ class QwenImageFolder:
         if "temperal_downsample" in vae:  # the VAE's scale sets the size rule (Params.check)
             config["vae"]["temperal_downsample"] = vae["temperal_downsample"]
         width = heads * head_dim
+        pipeline = model_index(folder).get("_class_name", "QwenImagePipeline")
+        if pipeline not in TASKS:
+            raise WeightsError(
+                f"{str(folder)!r}: model_index.json names {pipeline!r}; fv-qwen-image reads {sorted(TASKS)}. "
+                "Fix: load a folder of one of those pipelines."
+            )
+        if TASKS[pipeline].images:
+            _config(folder, "processor/preprocessor_config.json")
         row = Row(
             f"qwen-image:{folder.name}",
-            f"Qwen-Image checkpoint at {folder} ({blocks} blocks, width {width}); card built from its configs.",
+            f"Qwen-Image checkpoint at {folder} ({pipeline}: {blocks} blocks, width {width}); card built from its "
+            "configs.",
             config,
             StepCostModel(base_s=1e-4 * blocks, per_token_s=1e-9 * blocks * width),
             None,
+            pipeline=pipeline,
         )
         return build(row)
 

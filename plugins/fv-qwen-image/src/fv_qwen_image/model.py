@@ -88,8 +88,13 @@ class QwenImageModel(SyncableComponents):
 
     def _load(self, name: str) -> Any:
         """Component ``name`` on the device; normal tensors even when first used under inference mode."""
+        spec = self.card.components[name]
+        if spec.kind == "processor":  # the edit cards' image processor and tokenizer (no weights)
+            from fv_qwen_image.vl_encoder import VLProcessor
+
+            return VLProcessor.from_pretrained(component_folder(self.weights, spec.subfolder or name))
         with torch.inference_mode(False):
-            module = load_component(self.weights, name, self.card.components[name], self.dtype)
+            module = load_component(self.weights, name, spec, self.dtype)
             return module.to(self.device) if isinstance(module, torch.nn.Module) else module
 
     def kernel_records(self) -> dict[str, Any]:

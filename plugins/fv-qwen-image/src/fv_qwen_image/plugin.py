@@ -8,6 +8,10 @@ from fv_core.extend import hookimpl
 CARDS = {
     "qwen-image-tiny": "fv_qwen_image.cards:qwen_image_tiny",
     "qwen-image": "fv_qwen_image.cards:qwen_image",
+    "qwen-image-edit-tiny": "fv_qwen_image.cards:qwen_image_edit_tiny",
+    "qwen-image-edit": "fv_qwen_image.cards:qwen_image_edit",
+    "qwen-image-edit-plus-tiny": "fv_qwen_image.cards:qwen_image_edit_plus_tiny",
+    "qwen-image-edit-plus": "fv_qwen_image.cards:qwen_image_edit_plus",
 }
 
 
@@ -19,4 +23,5 @@ def fv_register_cards(register) -> None:
 
 @hookimpl
 def fv_register_pipelines(register) -> None:
-    register("QwenImagePipeline", "fv_qwen_image.folder:QwenImageFolder")
+    for pipeline in ("QwenImagePipeline", "QwenImageEditPipeline", "QwenImageEditPlusPipeline"):
+        register(pipeline, "fv_qwen_image.folder:QwenImageFolder")

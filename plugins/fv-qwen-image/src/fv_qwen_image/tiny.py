@@ -96,12 +96,17 @@ def tiny_weights(path: str | os.PathLike | None = None) -> str:
 
 
 def write_tiny_checkpoint(
-    folder: Path, transformer: dict | None = None, seed: int = SEED, text: dict | None = None
+    folder: Path,
+    transformer: dict | None = None,
+    seed: int = SEED,
+    text: dict | None = None,
+    vae_config: dict | None = None,
 ) -> None:
     """Write the full Qwen-Image diffusers layout into ``folder`` (random weights from ``seed``).
 
     :param transformer: overrides of the transformer config (a second shape, the benchmark's size).
     :param text: overrides of the text encoder's text config (its hidden size follows ``joint_attention_dim``).
+    :param vae_config: overrides of the VAE config.
     """
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -132,7 +137,7 @@ def write_tiny_checkpoint(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         dit = QwenImageTransformer2DModel(**dit_config)
-        vae = AutoencoderKLQwenImage(**TINY_VAE)
+        vae = AutoencoderKLQwenImage(**{**TINY_VAE, **(vae_config or {})})
         text_encoder = Qwen2_5_VLForConditionalGeneration(config)
     dit.save_pretrained(folder / "transformer", safe_serialization=True)
     vae.save_pretrained(folder / "vae", safe_serialization=True)
@@ -166,3 +171,55 @@ def byte_tokenizer():
     tok = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=32768)
     tok.add_special_tokens({"additional_special_tokens": SPECIAL[1:]})
     return tok
+
+
+# The edit checkpoints: the same tiny model plus processor/ (Qwen2.5-VL's image processor and the
+# tokenizer), a VAE of a quarter the width (the edit pipelines encode the input at ~1024x1024 whatever the
+# output size, so the encode dominates a tiny edit) and a vision tower whose image tokens stay few.
+EDIT_IDS = {
+    "QwenImageEditPipeline": "qwen-image-edit-tiny",
+    "QwenImageEditPlusPipeline": "qwen-image-edit-plus-tiny",
+}
+EDIT_VAE = dict(base_dim=2)
+# Qwen-Image-Edit's processor settings but a small pixel budget: at most 16 merged image tokens
+TINY_PROCESSOR = dict(size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 16})
+
+
+def tiny_edit_weights(path: str | os.PathLike | None = None) -> str:
+    """The tiny Qwen-Image-Edit checkpoint (written once); ``path`` as :func:`tiny_weights`'s."""
+    return _edit_weights("QwenImageEditPipeline", path)
+
+
+def tiny_edit_plus_weights(path: str | os.PathLike | None = None) -> str:
+    """The tiny Qwen-Image-Edit Plus checkpoint (several input images; written once)."""
+    return _edit_weights("QwenImageEditPlusPipeline", path)
+
+
+def _edit_weights(pipeline: str, path: str | os.PathLike | None) -> str:
+    target = Path(path) if path is not None else cache_dir() / "weights" / EDIT_IDS[pipeline] / TINY_VERSION
+    return materialize(target, lambda folder: write_edit_checkpoint(folder, pipeline))
+
+
+def write_edit_checkpoint(
+    folder: Path,
+    pipeline: str = "QwenImageEditPipeline",
+    transformer: dict | None = None,
+    seed: int = SEED,
+    text: dict | None = None,
+) -> None:
+    """Write a Qwen-Image-Edit (or Edit Plus: ``pipeline``) diffusers layout into ``folder``: the model
+    as :func:`write_tiny_checkpoint` writes it, ``processor/`` and the pipeline's ``model_index.json``."""
+    folder = Path(folder)
+    write_tiny_checkpoint(folder, transformer, seed, text, EDIT_VAE)
+    _image_processor().save_pretrained(folder / "processor")
+    byte_tokenizer().save_pretrained(folder / "processor")
+    index = json.loads((folder / "model_index.json").read_text())
+    index.update(_class_name=pipeline, processor=["transformers", "Qwen2VLProcessor"])
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+
+
+def _image_processor():
+    """Qwen2.5-VL's image processor (patch 14, merge 2, CLIP's mean and std) with TINY_PROCESSOR's pixels."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(**TINY_PROCESSOR)
