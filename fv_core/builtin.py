@@ -9,7 +9,7 @@ from fv_core.kernels_packed import flash_attn_installed
 @hookimpl
 def fv_register_kernels(register: Register) -> None:
     register(("attention", "any", "any", "sdpa"), "fv_core.kernels:sdpa_attention")
-    for variant in ("segments", "sdpa", "flex"):
+    for variant in ("segments", "sdpa", "flex", "padded"):
         register(("packed_attention", "any", "any", variant), f"fv_core.kernels_packed:packed_{variant}")
     if flash_attn_installed():
         register(("packed_attention", "cuda", "any", "varlen"), "fv_core.kernels_packed:packed_varlen")

@@ -12,6 +12,8 @@ this CPU, 4 segments of 296-1640 tokens, 4 heads of 32: segments 0.11 s, sdpa 0.
 - ``sdpa``: one SDPA call with a block-diagonal boolean mask: portable, but pays for every pair.
 - ``flex``: ``torch.nn.attention.flex_attention`` compiled, with a document mask (skips the blocks
   between segments; the mask is built per call).
+- ``padded``: padded batching, for comparison (every request padded to the longest; model code that
+  supports it, Qwen-Image, pads when the kernel ``pads``).
 - ``varlen``: flash-attn's ``flash_attn_varlen_func`` (CUDA, fp16/bf16), registered only when
   ``flash_attn`` imports.
 """
@@ -113,6 +115,30 @@ def packed_varlen(
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     out = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, softmax_scale=scale)
     return out.transpose(0, 1).unsqueeze(0)
+
+
+def packed_padded(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float | None = None,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Padded batching, for comparison: segments of one length (each request padded to the longest by
+    the model code, which this kernel asks for with ``pads``) as rows of one SDPA call, the padding
+    (``valid`` [tokens] False) masked out of every row's keys."""
+    if valid is None:
+        raise ValueError("the padded kernel needs the mask of real tokens (valid=); the model code pads")
+    rows = len(cu_seqlens) - 1
+    batch, heads, tokens, dim = query.shape
+    q, k, v = (t.view(heads, rows, tokens // rows, dim).transpose(0, 1) for t in (query, key, value))
+    mask = valid.view(rows, 1, 1, tokens // rows)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1).reshape(batch, heads, tokens, dim)
+
+
+packed_padded.pads = True  # type: ignore[attr-defined]  # the model code pads every request to the longest
 
 
 def flash_attn_installed() -> bool:

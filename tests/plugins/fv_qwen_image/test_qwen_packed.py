@@ -85,7 +85,7 @@ def test_mixed_sizes_pack_into_one_step_equal_alone_and_interleave_bitwise(packe
     assert packed[3].metrics["kernels"]["packed_attention"]["variant"] == "segments"
 
 
-@pytest.mark.parametrize("variant", ["segments", "sdpa"])
+@pytest.mark.parametrize("variant", ["segments", "sdpa", "padded"])
 def test_packed_body_equals_each_request_alone(packed_model, variant):
     """One transformer forward of four packed requests vs each alone: float rounding only (the packed
     call's matmuls run over all tokens at once, so not bit for bit)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -116,7 +117,9 @@ class Packed:
 def prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel) -> Packed:
     """Each request's input projections, timestep embedding and rope exactly as alone (``latents``
     [1, sum image tokens, C], ``timestep`` [N], ``text`` [1, sum text tokens, text_dim], ``grids`` one per
-    request), laid end to end."""
+    request), laid end to end. A kernel that ``pads`` (the ``padded`` variant: padded batching, for
+    comparison) gets every request's text and image zero-padded to the longest and a mask of the real
+    tokens instead."""
     images, contexts, temb, img_freqs, txt_freqs = [], [], [], [], []
     for i, (lat, txt) in enumerate(zip(latents.split(image_lens, 1), text.split(text_lens, 1), strict=True)):
         image = model.img_in(lat)
@@ -126,6 +129,14 @@ def prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens,
         img_f, txt_f = model.pos_embed([grids[i]], max_txt_seq_len=txt.shape[1], device=image.device)
         img_freqs.append(img_f)
         txt_freqs.append(txt_f)
+    if getattr(kernel, "pads", False):
+        longest_text, longest_image = max(text_lens), max(image_lens)
+        pairs = zip(text_lens, image_lens, strict=True)
+        valid = torch.cat([m for t, n in pairs for m in _valid(t, longest_text) + _valid(n, longest_image)])
+        kernel = partial(kernel, valid=valid.to(latents.device))
+        images, img_freqs = _pad(images, 1, longest_image), _pad(img_freqs, 0, longest_image)
+        contexts, txt_freqs = _pad(contexts, 1, longest_text), _pad(txt_freqs, 0, longest_text)
+        text_lens, image_lens = [longest_text] * len(text_lens), [longest_image] * len(image_lens)
     hidden = torch.cat(contexts + images, 1)
     order = _segment_order(text_lens, image_lens).to(hidden.device)
     lengths = torch.tensor([t + n for t, n in zip(text_lens, image_lens, strict=True)], dtype=torch.int32)
@@ -141,6 +152,18 @@ def prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens,
         cu,
         kernel,
     )
+
+
+def _valid(n: int, longest: int) -> list[torch.Tensor]:
+    return [torch.ones(n, dtype=torch.bool), torch.zeros(longest - n, dtype=torch.bool)]
+
+
+def _pad(parts: list[torch.Tensor], dim: int, longest: int) -> list[torch.Tensor]:
+    """Each zero-padded at the end of ``dim`` to ``longest``."""
+    return [
+        torch.cat([p, p.new_zeros(*p.shape[:dim], longest - p.shape[dim], *p.shape[dim + 1 :])], dim)
+        for p in parts
+    ]
 
 
 def _segment_order(text_lens, image_lens) -> torch.Tensor:
@@ -215,12 +238,16 @@ def packed_block(block, hidden: torch.Tensor, pack: Packed) -> torch.Tensor:
 def qwen_forward_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel) -> torch.Tensor:
     """Flow velocity [1, sum image tokens, C] of requests packed as one sequence: each request's part
     equals :func:`qwen_forward` of it alone (to float rounding; exactly where the kernel and the
-    matmuls are row-invariant)."""
+    matmuls are row-invariant). A kernel that pads: the same by padded batching (see :func:`prepare_packed`)."""
     pack = prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel)
     hidden = pack.hidden
     for block in model.transformer_blocks:
         hidden = packed_block(block, hidden, pack)
-    images = hidden[:, sum(text_lens) :].split(list(image_lens), 1)
+    images = hidden[:, sum(pack.text) :].split(list(pack.image), 1)
     return torch.cat(
-        [model.proj_out(model.norm_out(x, t)) for x, t in zip(images, pack.temb, strict=True)], 1
+        [
+            model.proj_out(model.norm_out(x[:, :n], t))
+            for x, n, t in zip(images, image_lens, pack.temb, strict=True)
+        ],
+        1,
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fv_core import ConfigError
 from fv_wan.attention import rope
 from fv_wan.transformer import Prepared, _modulation, block_cross_attention, finish, prepare
 
@@ -68,6 +69,11 @@ def wan_forward_packed(
     """Flow velocity of each request (``latents[i]`` [1, C, F, H, W] at ``timestep[i]``, its own
     ``text_kv`` output ``kv[i]``, folded when ``kv_rows[i]`` is given) from one packed forward; each
     equals :func:`fv_wan.transformer.wan_forward_kv` of the request alone to float rounding."""
+    if getattr(kernel, "pads", False):
+        raise ConfigError(
+            "packed_attention='padded' pads every request to the longest, which Wan's packed forward does not "
+            "do. Fix: select 'segments', 'sdpa', 'flex' or (with flash-attn) 'varlen' for Wan."
+        )
     n = len(latents)
     rows, lengths = kv_rows or [None] * n, kv_length or [0] * n
     requests = [
