@@ -73,7 +73,11 @@ class Images(Workflows):
                 rid = first if index == 0 else await self.submit_when_room(served, request)
                 return await self._image(rid, served.name)
 
-        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
+        self.images_in_flight += len(requests)
+        try:
+            return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
+        finally:
+            self.images_in_flight -= len(requests)
 
     async def _image(self, rid: str, model: str) -> Image:
         start, status = time.monotonic(), "failed"

@@ -62,6 +62,7 @@ class Jobs:
         )
         metrics.watch_engine(self.engine.engine)
         self.draining = False  # shutting down: no new jobs
+        self.images_in_flight = 0  # images synchronous requests are waiting for (the autoscaler counts them)
         self._tasks: set[asyncio.Task[None]] = set()  # work that outlives its request (jobs, settles)
 
     def model(self, name: str | None) -> ServedModel:

@@ -60,8 +60,9 @@ class Videos(Workflows):
 
     @property
     def queue_depth(self) -> int:
-        """Video jobs this server has accepted and not finished (queued or running)."""
-        return len(self.live)
+        """Work this server has accepted and not finished: video jobs (queued or running) and the images
+        synchronous image requests wait for."""
+        return len(self.live) + self.images_in_flight
 
     def sweep(self) -> None:
         """Apply the deployment's retention (expired jobs, then the disk cap)."""

@@ -115,9 +115,14 @@ def test_many_images_are_admitted_one_by_one_and_do_not_starve_others(server, cl
         )
     )
     images.start()
+    deepest = 0
+    while images.is_alive() and deepest < 8:  # the queue depth the autoscaler reads counts awaited images
+        deepest = max(deepest, server.service.queue_depth)
+        time.sleep(0.002)
+    assert deepest >= 8, "the 8 awaited images never counted in the queue depth"
     others = [client.videos.create(prompt=f"meanwhile {i}", **SMALL) for i in range(3)]  # room is left
     images.join()
-    assert len(many["result"].data) == 8
+    assert len(many["result"].data) == 8 and server.service.images_in_flight == 0
     done = [client.videos.poll(v.id, poll_interval_ms=20) for v in others]
     assert all(v.status == "completed" for v in done), [v.error for v in done]
     wait_idle(server)

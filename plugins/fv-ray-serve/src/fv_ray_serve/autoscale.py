@@ -2,7 +2,7 @@
 
 A video request answers at once with a queued job, so Ray Serve's own signal (ongoing HTTP
 requests) stays near zero however deep the queue is. Each replica therefore reports its own queue
-depth (video jobs accepted and not finished) through ``record_autoscaling_stats``, and this policy
+depth (video jobs accepted and not finished, and images synchronous requests wait for) through ``record_autoscaling_stats``, and this policy
 sizes the deployment from it; Ray applies min/max replicas and the up/downscale delays around it.
 """
 

@@ -35,7 +35,9 @@ class ModelFleet(Strict):
     replicas: int | None = Field(None, ge=1)  # a fixed count (no autoscaling); None: autoscale or 1
     min_replicas: int = Field(1, ge=0)  # autoscaling floor
     max_replicas: int | None = Field(None, ge=1)  # autoscaling ceiling; set it to autoscale
-    target_queue_depth: float = Field(4, gt=0)  # unfinished video jobs per replica the autoscaler aims at
+    target_queue_depth: float = Field(
+        4, gt=0
+    )  # unfinished video jobs (and awaited images) per replica the autoscaler aims at
     upscale_delay_s: float = Field(10, ge=0)  # the queue must stay deep this long before a replica is added
     downscale_delay_s: float = Field(120, ge=0)  # ... and shallow this long before one is removed
     max_ongoing_requests: int = Field(64, ge=1)  # concurrent HTTP requests a replica takes (polls, downloads)
