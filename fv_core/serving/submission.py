@@ -34,7 +34,7 @@ from fv_core.serving.metrics import Metrics
 from fv_core.serving.schemas import API_FIELDS, ImageBase, VideoBase
 
 WATCH_S = 0.2  # shared store: how often a replica looks for jobs and weight syncs of other replicas
-RECOVER_S = 5.0  # shared store: how often it recovers the jobs of replicas that stopped (or retries a sync)
+RECOVER_S = 2.0  # shared store: how often it recovers the jobs of replicas that stopped (or retries a sync)
 
 
 @dataclass(slots=True)

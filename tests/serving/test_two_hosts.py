@@ -1,5 +1,6 @@
-"""Two "hosts" on one machine: two server processes with their own data dirs that share only a PostgreSQL
-job store and an S3 bucket (a real S3 server process). Jobs go through both; a delete through one
+"""Two "hosts" on one machine: two servers in two processes (one a subprocess, the one killed; the other
+in the test's process) with their own data dirs that share only a PostgreSQL job store and an S3 bucket
+(a real S3 server process). Jobs go through both; a delete through one
 cancels the other's running job; one is killed mid-run: no job is lost, its queued jobs run on the
 other, every finished job downloads through the other (from the bucket), and no job runs twice."""
 
@@ -17,8 +18,9 @@ import httpx
 import openai
 import pytest
 
+from fv_core.deploy.card import parse_deploy
 from fv_core.serving.store import Database
-from tests.serving.support import TINY, tiny_deploy
+from tests.serving.support import TINY, ServerThread, tiny_deploy
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 CLIENTS, JOBS = 4, 2  # per client, one through each host
@@ -49,12 +51,17 @@ def completed_id(ends: dict) -> str:
     return next(job_id for job_id, video in ends.items() if video.status == "completed")
 
 
-def test_two_hosts_share_postgres_and_s3_and_survive_one_killed(tmp_path, postgres, s3):
+def test_two_hosts_share_postgres_and_s3_and_survive_one_killed(host, tmp_path, postgres, s3):
     url = postgres.database()
     deploy = tiny_deploy(tmp_path, max_running=1, max_steps=200).model_dump(mode="json")
     deploy.update(store=url, artifacts=f"s3://{s3.bucket}/two-hosts", shutdown_grace_s=0)
-    with ThreadPoolExecutor(2) as pool:
-        (a, a_url), (b, b_url) = pool.map(lambda n: _start(tmp_path, n, deploy), ["host-a", "host-b"])
+    a, a_url = _start(tmp_path, "host-a", deploy)  # a process of its own: the one killed
+    own = parse_deploy({**deploy, "data_dir": str(tmp_path / "host-b")})
+    with ServerThread(own, host, replica="host-b") as b_server:  # the other: in this process
+        _run(a, a_url, b_server.url, url)
+
+
+def _run(a: subprocess.Popen, a_url: str, b_url: str, url: str) -> None:
     try:
         clients = {u: openai.OpenAI(base_url=f"{u}/v1", api_key="-", max_retries=0) for u in (a_url, b_url)}
         on_a = clients[a_url].videos.create(prompt="deleted through b", **{**ASK, "extra_body": {
@@ -63,9 +70,7 @@ def test_two_hosts_share_postgres_and_s3_and_survive_one_killed(tmp_path, postgr
             time.sleep(0.02)
         assert clients[b_url].videos.delete(on_a.id).deleted
         deadline = time.monotonic() + 10
-        while (
-            _jobs_total(a_url, "cancelled") < 1
-        ):  # a's watcher saw the row gone and cancelled at a step boundary
+        while _jobs_total(a_url, "cancelled") < 1:  # a's watcher saw the row gone: cancelled at a step
             assert time.monotonic() < deadline, "host a never cancelled the job deleted through b"
             time.sleep(0.05)
 
@@ -110,6 +115,5 @@ def test_two_hosts_share_postgres_and_s3_and_survive_one_killed(tmp_path, postgr
             done_by_a
         )  # b ran each of the rest once
     finally:
-        for proc in (a, b):
-            proc.kill()
-            proc.wait(10)
+        a.kill()
+        a.wait(10)
