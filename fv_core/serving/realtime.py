@@ -186,7 +186,12 @@ class RealtimeSession:
     def steer(self, prompt: str | None = None, strength: float | None = None) -> None:
         """A new prompt and/or strength (0 < strength <= 1: the share of the new prompt against the one
         before it) for the next chunk to be submitted."""
-        if strength is not None and not 0 < strength <= 1:
+        if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+            raise ConfigError(
+                f'prompt={prompt!r}: a steer\'s prompt is a non-empty string. Fix: e.g. "a blue square"',
+                param="prompt",
+            )
+        if strength is not None and (not isinstance(strength, int | float) or not 0 < strength <= 1):
             raise ConfigError(
                 f"strength={strength}: the share of the new prompt is 0 < strength <= 1. Fix: e.g. 0.5",
                 param="strength",

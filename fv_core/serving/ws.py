@@ -150,10 +150,10 @@ def router(api_key: str | None) -> APIRouter:
         fmt = ws.query_params.get("format", "png")
         listener = Listener(ws.query_params.get("policy", "drop"), int(ws.query_params.get("window", "0")))  # type: ignore[arg-type]
         hello = {"type": "session", **session.record(), "format": fmt, "policy": listener.policy}
-        await ws.send_text(json.dumps({**hello, "window": listener.window}))
-        if session.last is not None:
-            listener.offer(session.last)  # a reconnect resumes at the last committed chunk
+        if session.last is not None:  # a reconnect resumes at the last committed chunk (the hello's)
+            listener.offer(session.last)
         session.attach(listener)
+        await ws.send_text(json.dumps({**hello, "window": listener.window}))
         sender = asyncio.create_task(send_chunks(ws, session, listener, fmt))
         try:
             while await handle(ws, session, listener, await ws.receive_text(), service.realtime.close):

@@ -90,6 +90,14 @@ def pool(server):
     return server.service.models[CAUSAL].loaded.instance.kv_pool
 
 
+def error(ws, made: list[dict]) -> str:
+    """The next error message (chunks arriving meanwhile go to ``made``)."""
+    while (message := receive(ws))["type"] == "chunk":
+        made.append(message)
+    assert message["type"] == "error", message
+    return message["message"]
+
+
 def stop(ws) -> dict:
     ws.send(json.dumps({"type": "stop"}))
     while (message := receive(ws))["type"] != "end":
@@ -107,8 +115,14 @@ def test_steering_png_and_h264_chunks_and_a_reconnect_resuming_at_the_last_commi
         assert png_frames(first[1]).shape == (4, 32, 32, 3) and first[1]["prompt"] == "a red circle"
         ws.send(json.dumps({"type": "steer", "prompt": "a blue square", "strength": 0.5}))
         ws.send(json.dumps({"type": "steer", "strength": 2}))
-        assert "strength=2" in receive(ws)["message"]  # refused, naming the rule; the session goes on
-        steered = chunks(ws, 2)[-1]  # the chunk in flight keeps its prompt; the next one is steered
+        made: list[dict] = []
+        assert "strength=2" in error(ws, made)  # refused, naming the rule; the session goes on
+        ws.send(json.dumps({"type": "steer", "prompt": ""}))
+        assert "a steer's prompt is a non-empty string" in error(ws, made)
+        ws.send("louder")
+        assert "is not one of steer / ack / stop" in error(ws, made)
+        made += chunks(ws, max(0, 2 - len(made)))
+        steered = made[1]  # chunk 3: steered at the latest (chunk 2 may have been in flight)
         assert (steered["prompt"], steered["strength"], steered["steer_from"]) == (
             "a blue square",
             0.5,
