@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,9 +105,9 @@ class DeploymentCard(Strict):
     data_dir: str | None = None  # jobs database and artifacts; None: $FV_DATA_DIR or the user's data dir
     # the job database: sqlite:///path/jobs.sqlite3 or postgresql://user:pw@host:port/db (a fleet across
     # hosts); None: SQLite in the data dir
-    store: str | None = Field(None, pattern=r"^(sqlite:///|postgres(ql)?://)")
+    store: str | None = None
     # where artifacts live: a folder every node mounts (file:///path) or s3://bucket/prefix; None: the data dir
-    artifacts: str | None = Field(None, pattern=r"^(file:///|s3://[^/]+)")
+    artifacts: str | None = None
     # "bitwise": a seeded request's output never depends on what else is running (steps are not batched
     # across requests); "batched": compatible steps of different requests share calls (faster, and equal
     # to a solo run only within the card's batched tolerance)
@@ -114,6 +115,23 @@ class DeploymentCard(Strict):
     shutdown_grace_s: float = Field(30, ge=0)  # on shutdown, jobs get this long to finish before cancelling
     # replicas per model for `fv serve --ray` (validated by fv-ray-serve; one server ignores it)
     fleet: dict[str, Any] | None = None
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise ValueError(
+                "a job database URL is sqlite:///path/jobs.sqlite3 (one host) or "
+                "postgresql://user:password@host:port/database (a fleet across hosts)"
+            )
+        return value
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifacts(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith("file:///") or re.match(r"^s3://[^/]+", value)):
+            raise ValueError("artifact storage is file:///a/path/every/node/mounts or s3://bucket/prefix")
+        return value
 
     def model(self, name: str) -> ModelDeploy:
         for m in self.models:

@@ -203,3 +203,19 @@ def test_schema_versions_upgrade_an_old_database_and_refuse_a_newer_one(tmp_path
         ConfigError, match=rf"schema version {VERSION + 1}, newer than this fv's {VERSION}.*Fix: upgrade fv"
     ):
         JobStore(tmp_path, store=store_url)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("store", "mysql://db/fv", "postgresql://user:password@host:port/database"),
+        ("artifacts", "gs://bucket", "s3://bucket/prefix"),
+        ("artifacts", "s3://", "file:///a/path/every/node/mounts"),
+    ],
+)
+def test_bad_store_and_artifact_urls_name_the_field_the_value_and_the_fix(field, value, says):
+    from fv_core.deploy.card import parse_deploy
+
+    with pytest.raises(ConfigError, match="Fix") as err:
+        parse_deploy({"models": [{"card": MODEL}], field: value}, "deploy.yaml")
+    assert f"{field}:" in str(err.value) and repr(value) in str(err.value) and says in str(err.value)
