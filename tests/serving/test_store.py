@@ -219,3 +219,19 @@ def test_bad_store_and_artifact_urls_name_the_field_the_value_and_the_fix(field,
     with pytest.raises(ConfigError, match="Fix") as err:
         parse_deploy({"models": [{"card": MODEL}], field: value}, "deploy.yaml")
     assert f"{field}:" in str(err.value) and repr(value) in str(err.value) and says in str(err.value)
+
+
+def test_artifacts_in_an_s3_bucket_upload_on_completion_link_and_go_with_retention(tmp_path, s3):
+    import httpx
+
+    store = JobStore(tmp_path, max_age_s=60, artifacts=f"s3://{s3.bucket}/store-test")
+    job_id = _finished_job(store, 3000, completed_at=1_000)
+    key = store.artifact(job_id)
+    assert key == f"videos/{job_id}.mp4" and not store.video_path(job_id).exists()  # uploaded, not kept here
+    assert b"".join(store.storage.chunks(key)) == b"\0" * 3000
+    assert (
+        httpx.get(store.link(job_id)).content == b"\0" * 3000
+    )  # the presigned link, straight from the bucket
+    assert store.sweep(now=2_000) == [job_id]
+    assert not store.storage.exists(key) and not store.storage.exists(f"videos/{job_id}.json")
+    store.close()
