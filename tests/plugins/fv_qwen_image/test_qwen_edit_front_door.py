@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -124,7 +125,10 @@ def test_images_edits_over_http(edit_path, edit_model, tmp_path):
     deploy = parse_deploy(
         {
             "plugins": ["fv-qwen-image"],
-            "models": [{"card": "qwen-image-edit-tiny", "weights": edit_path}],
+            "models": [
+                {"card": "qwen-image-edit-tiny", "weights": edit_path},
+                {"card": "qwen-image-edit-plus-tiny"},
+            ],
             "limits": {"max_running": 1},  # n images one after another: the image is encoded once
             "data_dir": str(tmp_path),
         }
@@ -150,3 +154,13 @@ def test_images_edits_over_http(edit_path, edit_model, tmp_path):
         for kwargs, words in bad:
             with pytest.raises(openai.BadRequestError, match=words):
                 client.images.edit(model="qwen-image-edit-tiny", prompt="x", **kwargs)
+        five = [(f"{i}.png", png(WIDE), "image/png") for i in range(5)]  # every file reaches Plus's loop
+        with pytest.raises(openai.BadRequestError, match="an edit takes 1 to 4 images; the request has 5"):
+            client.images.edit(model="qwen-image-edit-plus-tiny", prompt="x", image=five, size="48x32")
+        answer = httpx.post(
+            f"{server.url}/v1/images/edits",
+            data={"model": "qwen-image-edit-tiny", "prompt": "x"},
+            files={"unused": ("a.txt", b"a", "text/plain")},
+            headers={"Authorization": "Bearer k"},
+        )
+        assert answer.status_code == 400 and "image" in answer.json()["error"]["message"]

@@ -1,7 +1,7 @@
 """C0 and C1 of the edit cards against diffusers' QwenImageEditPipeline and QwenImageEditPlusPipeline,
 called as their docs call them (PIL images, one torch.Generator): the processor and the VL features,
 the tiny Edit card with true CFG on and off, and an Edit Plus folder of another shape (3 blocks of 3 heads
-x 8, a 24-wide text encoder) loaded by path, with two non-square images and true CFG.
+x 8, a 24-wide text encoder) loaded by path, with two non-square images.
 
 Each reference call encodes its image(s) at ~1024 x 1024 with the VAE (the pipelines' rule): that
 encode is most of each case's time.
@@ -74,8 +74,8 @@ def test_c1_edit_plus_folder_of_another_shape(qwen_host, plus_second_path):
     assert model.card.model_id == "qwen-image:qwen-edit-plus-second" and model.card.tasks == ["edit"]
     pipe = edit_pipeline(plus_second_path, plus=True)
     images = [WIDE, TALL]  # the output's default aspect is the last image's; a tall output here
-    p = dict(prompt="put the two together", negative_prompt="blur", true_cfg_scale=2.5, seed=5, height=48, width=32,
-             num_inference_steps=2)  # fmt: skip
+    # no CFG here (two ~1024^2 images make every forward ~8k tokens); the tiny card runs CFG on and off
+    p = dict(prompt="put the two together", seed=5, height=48, width=32, num_inference_steps=2)
     got = model.generate(parts=[image_part(i) for i in images], **p)
     want = reference(pipe, images, p)
     assert np.abs(got.image - want).max() <= model.card.parity.tolerances["frames"]
