@@ -165,8 +165,9 @@ def build(row: Row) -> ModelCard:
         pipeline=row.pipeline,
         adapters=None if task.images else AdapterContract(loader=lora, components=["transformer"]),
         parity=ParitySpec(level="C1", reference=f"diffusers:{row.pipeline}", tolerances={"frames": 1e-5}),
-        # a deploy's packed_attention kernel packs requests of different sizes into one step
-        accepts_kernels={"attention": ["sdpa"], "packed_attention": ["*"]},
+        # a deploy's packed_attention kernel packs requests of different sizes into one step (text to image;
+        # the edit loops batch equal sizes only)
+        accepts_kernels={"attention": ["sdpa"], **({} if task.images else {"packed_attention": ["*"]})},
         capabilities=CapabilityMatrix(
             interceptors={"step_skip", "block_skip"}, max_resolution=row.max_resolution
         ),
