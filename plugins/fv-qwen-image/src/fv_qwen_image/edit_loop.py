@@ -8,7 +8,8 @@ read from the noise tokens only. Output size defaults from the (last) image. Tru
 the Euler update and the decode are the text-to-image loop's.
 
 The VL features of each prompt row are cached by its tokens and the processed image; each image's
-latents by the preprocessed pixels: ``n`` edits of one image encode it once.
+latents by the preprocessed pixels: a later edit of the same image skips both encoders (edits that start
+together each encode it).
 """
 
 from __future__ import annotations
