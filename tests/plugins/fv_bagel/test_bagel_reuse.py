@@ -117,3 +117,12 @@ def test_speculative_params_are_checked(bagel):
         bagel.prepare({"prompt": "x", "speculative_k": 40}, task="chat")
     with pytest.raises(ConfigError, match="speculative_ngram"):
         bagel.prepare({"prompt": "x", "speculative_ngram": 0}, task="chat")
+
+
+def test_consecutive_texts_prefill_as_one_block_with_the_same_tokens(bagel, monkeypatch):
+    talk = [SYSTEM, TextPart("hello"), TextPart("hi, what is it?")]
+    one_block = chat(bagel, talk, cached=False, prompt="a cat?", max_tokens=6, temperature=0.9, seed=3)
+    monkeypatch.setattr(chat_loop, "merged", lambda segments: segments)
+    per_text = chat(bagel, talk, cached=False, prompt="a cat?", max_tokens=6, temperature=0.9, seed=3)
+    assert torch.equal(one_block.outputs["tokens"], per_text.outputs["tokens"])
+    assert one_block.metrics["prompt_tokens"] == per_text.metrics["prompt_tokens"]

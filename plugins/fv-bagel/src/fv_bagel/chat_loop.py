@@ -69,6 +69,8 @@ class ChatLoop(PrefillLoop):
         seq, rope, keys, left, _ = (
             self._served(state, segments) if not keep else (KVSeq(), 0, [], segments, [])
         )
+        if not keep:  # consecutive texts prefill as one causal block: one step, the same keys/values
+            left = merged(left)
         s = ChatState(
             segments=left,
             token=inst.special["bos_token_id"],  # the first decode step feeds <|im_start|>
@@ -304,3 +306,14 @@ def lookup_draft(history: list[Any], ngram: int, k: int) -> list[int]:
                 if follow:
                     return follow
     return []
+
+
+def merged(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``segments`` with each run of consecutive texts joined into one (their tokens in order)."""
+    out: list[dict[str, Any]] = []
+    for segment in segments:
+        if segment["kind"] == "text" and out and out[-1]["kind"] == "text":
+            out[-1] = {"kind": "text", "ids": [*out[-1]["ids"], *segment["ids"]]}
+        else:
+            out.append(segment)
+    return out
