@@ -110,7 +110,8 @@ def test_matches_one_process(group, single, ask):
     assert_close(single[case][ask], result)
     if ask == "two-stage":  # its metrics are the refine stage's: guidance off, no block seam
         return
-    assert result.metrics["branches"] == ["cfg", "stg", "modality"]
+    # without perturbed attention (the tiny case) STG's call is the cond call, and is not made
+    assert result.metrics["branches"] == ["cfg", "stg", "modality"] if case == "stg" else ["cfg", "modality"]
     if case == "tiny":
         assert result.metrics["cache_dit"]["cached"] > 0, "FBCache skipped calls in the group too"
 
@@ -151,7 +152,7 @@ def test_plan_in_batch_key_and_provenance(group):
 
 def test_text_crosses_to_workers_once(group):
     """A request's text embeddings (video and audio, [uncond, cond] and the cond row alone) reach each
-    worker once, not at each of its 4 steps x 3 branch calls (that would be over 5x ``once``)."""
+    worker once, not at each of its 4 steps' branch calls (that would be at least 4x ``once``)."""
     _, model = group
     before = TRAFFIC.bytes.get("broadcast", 0)
     run(model, {**ASKS["t2av"], "prompt": "a prompt no other test used"})

@@ -1,11 +1,17 @@
-"""The LTX-2 loop (task ``t2av``): encode -> (guidance branches -> combine + Euler)* -> decode video ->
-decode audio.
+"""The LTX-2 loop (task ``t2av``): encode -> prompt keys/values -> (guidance branches -> combine +
+Euler)* -> decode video -> decode audio.
+
+The prompt's keys/values of every block's text cross-attention (video and audio) are computed once
+per request (:mod:`fv_ltx2.prompt_kv`, cached per prompt row like the text features, with the
+transformer's version and adapters) and every branch call of every step takes them instead of the text.
 
 One transformer call returns the video and the audio velocity. Guidance is a policy of up to three
 branches per step, each its own WorkUnit the scheduler may batch with the same branch of other
 requests: ``cfg`` (rows [uncond, cond]; ``cond`` alone when CFG is off), ``stg`` (the cond row with
 self-attention perturbed in the configured blocks) and ``modality`` (the cond row without
-audio<->video cross-attention). Branches whose scales make them a no-op are not run. The branch
+audio<->video cross-attention). Branches whose scales make them a no-op are not run, nor is ``stg``
+on a transformer without perturbed attention (its call would be the cond call: the cond row's
+velocity stands in for it, as the same bits). The branch
 outputs are combined in x0 space with per-modality scales and rescale, as diffusers' LTX2Pipeline
 combines them, then both latents take one flow-match Euler step on the schedule LTX-2's scheduler
 config gives (dynamic shift from the video token count; float sigmas when the request gives them).
