@@ -24,7 +24,7 @@ import torch
 # a transformer whose step costs ~tens of ms per request on one thread here
 MEDIUM = dict(num_attention_heads=4, attention_head_dim=32, ffn_dim=512, num_layers=4)
 # (frames, height, width) of the 6 requests
-SHAPES = [(9, 64, 64), (5, 48, 80), (1, 96, 96)] * 2
+SHAPES = [(9, 256, 256), (5, 192, 320), (1, 384, 384)] * 2
 PROMPTS = ["a dog on the beach", "a red car in the city", "waves", "a lighthouse at dusk", "a bowl", "rain"]
 
 
@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     steps, repeats = (2, 1) if args.smoke else (args.steps, args.repeats)
-    shapes = [(f, h // 2, w // 2) for f, h, w in SHAPES] if args.smoke else SHAPES
+    shapes = [(f, h // 4, w // 4) for f, h, w in SHAPES] if args.smoke else SHAPES
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         from fv_wan.tiny import write_tiny_checkpoint
 
@@ -70,20 +70,16 @@ def run(folder: str, shapes: list[tuple[int, int, int]], steps: int, repeats: in
     from diffusers import WanPipeline
 
     import fv_core
-    from fv_core.deploy.card import parse_deploy
+    from fv_core.kernels_select import select_kernel
     from fv_core.plugins import load_plugins
     from fv_core.runtime import Engine
 
     host = load_plugins(env={"FV_PLUGINS": "fv-wan"})
-    entry = {"card": folder, "name": "w"}
-    packed_deploy = {
-        "plugins": ["fv-wan"],
-        "models": [{**entry, "kernels": {"packed_attention": "segments"}}],
-    }
-    packed_model = fv_core.load("w", deploy=parse_deploy(packed_deploy), host=host)
-    plain_model = fv_core.load(
-        "w", deploy=parse_deploy({"plugins": ["fv-wan"], "models": [entry]}), host=host
-    )
+    packed_model, plain_model = fv_core.load(folder, host=host), fv_core.load(folder, host=host)
+    # the packed kernel from the registry, as a deploy's kernels: {packed_attention: segments} selects it on a
+    # registered card (a folder loaded by path takes no deploy kernels)
+    kernel = select_kernel(host.registries, "packed_attention", "segments", "cpu")
+    packed_model.instance.kernels = {**(packed_model.instance.kernels or {}), "packed_attention": kernel}
     asks = [
         dict(prompt=p, num_frames=f, height=h, width=w, seed=i, num_inference_steps=steps, guidance_scale=5.0)
         for i, (p, (f, h, w)) in enumerate(zip(PROMPTS, shapes, strict=True))

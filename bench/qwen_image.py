@@ -4,9 +4,13 @@ Usage: python bench/qwen_image.py [--steps 8] [--repeats 3] [--threads 1] [--siz
 
 Both run in this process, interleaved repeat by repeat (min and median reported; this machine is
 shared and noisy): single-request latency with true CFG on (fv: its text cache warm, as a server's
-is for a repeated prompt; diffusers encodes every call), and 4 concurrent requests of the same size
-(fv's engine batching their steps vs diffusers called serially). Weights are random: this measures
-speed only, the outputs are compared once (max |fv - diffusers|). Writes JSON and a PNG next to it.
+is for a repeated prompt; diffusers encodes every call), 4 concurrent requests of the same size
+(fv's engine batching their steps vs diffusers called serially), and 8 concurrent requests of 4
+different sizes: fv packed (each step one sequence of all 8, packed_attention=segments) vs fv padded
+batching (packed_attention=padded: every request padded to the longest) vs fv serial (each alone:
+what determinism=bitwise runs) vs diffusers serial, with the peak memory of one denoise forward of
+the 8 (torch profiler, CPU allocations). Weights are random: this measures speed only, the outputs
+are compared once (max |fv - diffusers|). Writes JSON and a PNG next to it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ import torch
 MEDIUM = dict(num_layers=2, num_attention_heads=4, attention_head_dim=32, axes_dims_rope=(8, 12, 12))
 PROMPTS = ["a cat holding a sign that says hello", "a lighthouse at dusk", "a bowl of ramen", "a red bicycle"]
 GUIDANCE = dict(negative_prompt=" ", true_cfg_scale=4.0)
+# 8 requests of 4 sizes (height, width) as fractions of --size: square, wide 1:2, tall 2:1, small square
+MIXED = [(1.0, 1.0), (0.5, 1.0), (1.0, 0.5), (0.5, 0.5)] * 2
+MIXED_PROMPTS = PROMPTS + [
+    "a castle on a hill in the fog",
+    "rain",
+    "a blue vase of tulips on a table",
+    "snow",
+]
 
 
 def timed(fn) -> tuple[float, object]:
@@ -57,6 +69,7 @@ def main() -> None:
         folder = Path(tmp) / "qwen-image-medium"
         write_tiny_checkpoint(folder, transformer=None if args.smoke else MEDIUM)
         result = run(str(folder), side, steps, repeats)
+        result["concurrent_8_mixed_sizes"] = mixed(str(folder), side, steps, repeats)
     result["machine"] = {"cpu": platform.processor() or platform.machine(), "torch_threads": args.threads}
     result["request"] = {"height": side, "width": side, "steps": steps, **GUIDANCE, "repeats": repeats}
     result["request"]["smoke"] = args.smoke
@@ -129,6 +142,113 @@ def run(folder: str, side: int, steps: int, repeats: int) -> dict:
     }
 
 
+def mixed_sizes(side: int) -> list[tuple[int, int]]:
+    return [(16 * round(side * h / 16), 16 * round(side * w / 16)) for h, w in MIXED]
+
+
+def mixed(folder: str, side: int, steps: int, repeats: int) -> dict:
+    """8 concurrent requests of 4 sizes: packed vs padded batching vs each alone vs diffusers serial."""
+    from diffusers import QwenImagePipeline
+
+    import fv_core
+    from fv_core.plugins import load_plugins
+    from fv_core.runtime import Engine
+
+    host = load_plugins(env={"FV_PLUGINS": "fv-qwen-image"})
+    models = {
+        variant: with_packed(fv_core.load(folder, host=host), host, variant)
+        for variant in ("segments", "padded")
+    }
+    sizes = mixed_sizes(side)
+    asks = [
+        dict(prompt=p, height=h, width=w, seed=i, num_inference_steps=steps, **GUIDANCE)
+        for i, (p, (h, w)) in enumerate(zip(MIXED_PROMPTS, sizes, strict=True))
+    ]
+    pipe = QwenImagePipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+
+    def jobs(model):
+        return [model.job(model.prepare(a, request_id=f"m{i}")) for i, a in enumerate(asks)]
+
+    def diffusers_serial():
+        for a in asks:
+            ask = {k: v for k, v in a.items() if k != "seed"}
+            pipe(generator=torch.Generator().manual_seed(a["seed"]), output_type="np", **ask)
+
+    cases = {
+        "fv_packed8": lambda: Engine().run_batched(jobs(models["segments"])),
+        "fv_padded8": lambda: Engine().run_batched(jobs(models["padded"])),
+        "fv_serial8": lambda: Engine().run_serial(jobs(models["segments"])),
+        "diffusers_serial8": diffusers_serial,
+    }
+    packed, serial = cases["fv_packed8"](), cases["fv_serial8"]()  # warm-up (text caches), and parity
+    worst = max(
+        float((a.outputs["frames"] - b.outputs["frames"]).abs().max())
+        for a, b in zip(packed, serial, strict=True)
+    )
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            times.setdefault(name, []).append(timed(fn)[0])
+    s = {k: stats(v) for k, v in times.items()}
+    med = {k: v["median_s"] for k, v in s.items()}
+    memory = {v: forward_peak_bytes(models[v], sizes) for v in ("segments", "padded")}
+    return {
+        "sizes": sizes,
+        **s,
+        "packed_vs_padded_throughput": med["fv_padded8"] / med["fv_packed8"],
+        "packed_vs_serial_throughput": med["fv_serial8"] / med["fv_packed8"],
+        "packed_vs_diffusers_serial_throughput": med["diffusers_serial8"] / med["fv_packed8"],
+        "forward_peak_bytes": {"packed": memory["segments"], "padded": memory["padded"]},
+        "packed_vs_padded_peak_memory": memory["segments"] / memory["padded"],
+        "max_abs_packed_vs_alone": worst,
+        "goals": {
+            "packed_vs_padded_throughput": ">= 1.2",
+            "packed_vs_padded_peak_memory": "<= 1.0",
+            "packed_vs_diffusers_serial_throughput": ">= 1.5",
+        },
+        "note": "true CFG on (two forwards a step); serial = each request alone, which is what determinism=bitwise "
+        "runs (packed rows are not bit-identical to alone: float rounding of the matmuls over all tokens)",
+    }
+
+
+def with_packed(model, host, variant: str):
+    """``model`` with the packed_attention ``variant`` from the kernels registry, as a deploy's
+    ``kernels: {packed_attention: variant}`` selects it on a registered card (a folder loaded by path
+    takes no deploy kernels)."""
+    from fv_core.kernels_select import select_kernel
+
+    model.instance.kernels["packed_attention"] = select_kernel(
+        host.registries, "packed_attention", variant, "cpu"
+    )
+    return model
+
+
+def forward_peak_bytes(model, sizes: list[tuple[int, int]]) -> int:
+    """Peak CPU bytes allocated during one transformer forward of requests of ``sizes`` as one packed
+    (or padded) call, from the torch profiler's allocation events."""
+    from fv_qwen_image.transformer import qwen_forward_packed
+
+    dit, kernel = model.instance.component("transformer"), model.instance.kernels["packed_attention"][0]
+    grids = [(1, h // 16, w // 16) for h, w in sizes]
+    image_lens, text_lens = [g[1] * g[2] for g in grids], [12] * len(sizes)
+    latents, text = (
+        torch.randn(1, sum(image_lens), 64),
+        torch.randn(1, sum(text_lens), dit.config.joint_attention_dim),
+    )
+    t = torch.full((len(sizes),), 0.5)
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
+        qwen_forward_packed(dit, latents, t, text, grids, image_lens, text_lens, kernel)
+    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    live = peak = 0
+    for e in events:
+        live += e.cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
 def step_cost(model, side: int) -> dict[str, float]:
     """One transformer forward at ``side`` (min and median of 5): what a denoise step costs per branch."""
     from fv_qwen_image.transformer import qwen_forward
@@ -159,10 +279,17 @@ def plot(path: Path, r: dict) -> None:
     groups = [
         ("1 request", r["single_request"], ("diffusers_single", "fv_single")),
         ("4 requests, same size", r["concurrent_4_same_size"], ("diffusers_serial4", "fv_batched4")),
+        (
+            "8 requests, 4 sizes",
+            r["concurrent_8_mixed_sizes"],
+            ("diffusers_serial8", "fv_serial8", "fv_padded8", "fv_packed8"),
+        ),
     ]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, (title, data, keys) in zip(axes, groups, strict=True):
-        ax.bar(keys, [data[k]["median_s"] for k in keys], color=["#999", "#3a7"])
+        ax.bar(
+            keys, [data[k]["median_s"] for k in keys], color=["#999", "#bbb", "#7ab", "#3a7"][-len(keys) :]
+        )
         ax.scatter(keys, [data[k]["min_s"] for k in keys], color="k", marker="_", s=300, label="min")
         ax.set_title(title)
         ax.set_ylabel("median seconds")
