@@ -159,9 +159,16 @@ def main() -> None:
                     "runs": done,
                 }
                 print(kind, n, json.dumps(done), flush=True)
+            write(
+                results, cost, args.smoke, jobs, repeats
+            )  # what is measured so far stays, whatever comes next
+    print(json.dumps(write(results, cost, args.smoke, jobs, repeats)))
+
+
+def write(results: dict, cost: dict, smoke: bool, jobs: int, repeats: int) -> dict:
+    """The report of the replica counts measured so far, as JSON and PNG; returns its summary."""
     scaling = {
-        kind: {n: results[kind][n]["jobs_per_s_max"] / results[kind][1]["jobs_per_s_max"] for n in counts}
-        for kind in results
+        kind: {n: r[n]["jobs_per_s_max"] / r[1]["jobs_per_s_max"] for n in r} for kind, r in results.items()
     }
     report = {
         "what": "jobs/s of N replica processes of the tiny Wan card (32x32, 5 frames, 4 steps), SQLite (one "
@@ -169,7 +176,7 @@ def main() -> None:
         "runs alternating; store cost per job alone (min of 3 x 200 jobs)",
         "cores": os.cpu_count(),
         "machine": platform.platform(),
-        "smoke": args.smoke,
+        "smoke": smoke,
         "jobs_per_run": jobs,
         "repeats": repeats,
         "store_ms_per_job": {k: v * 1000 for k, v in cost.items()},
@@ -180,10 +187,10 @@ def main() -> None:
         "results": results,
     }
     OUT.mkdir(exist_ok=True)
-    name = "fleet_smoke" if args.smoke else "fleet"
+    name = "fleet_smoke" if smoke else "fleet"
     (OUT / f"{name}.json").write_text(json.dumps(report, indent=2))
     plot(report, OUT / f"{name}.png")
-    print(json.dumps({k: report[k] for k in ("store_ms_per_job", "postgres_overhead_ms_per_job", "scaling")}))
+    return {k: report[k] for k in ("store_ms_per_job", "postgres_overhead_ms_per_job", "scaling")}
 
 
 def plot(report: dict, path: Path) -> None:

@@ -10,9 +10,20 @@ import time
 from fv_core.deploy.card import parse_deploy
 from tests.serving.support import ServerThread, wan_host
 
+
+def serve(deploy_file: str, replica: str, tries: int = 3) -> None:
+    deploy, host = parse_deploy(json.loads(open(deploy_file).read())), wan_host()
+    for attempt in range(tries):
+        try:
+            server = ServerThread(deploy, host, replica=replica).__enter__()
+            break
+        except RuntimeError:  # its free port was taken meanwhile (many replicas start at once): another
+            if attempt == tries - 1:
+                raise
+    print(f"port {server.port}", flush=True)
+    while True:
+        time.sleep(60)
+
+
 if __name__ == "__main__":
-    deploy = parse_deploy(json.loads(open(sys.argv[1]).read()))
-    with ServerThread(deploy, wan_host(), replica=sys.argv[2]) as server:
-        print(f"port {server.port}", flush=True)
-        while True:
-            time.sleep(60)
+    serve(sys.argv[1], sys.argv[2])
