@@ -5,7 +5,10 @@ since rows of other lengths never pad; skipped on a feature-cache hit), DIFFUSIO
 transformer call per step, or two under true CFG) and VAE_TILE (the decode). Step bodies
 (:mod:`fv_qwen_image.bodies`) are pure functions of their inputs, so the runtime batches equal-keyed
 plans of different requests: same image size, true CFG on or off, same pinned weights (prompts of other lengths zero-padded and
-masked, as diffusers masks a padded batch). True CFG's
+masked, as diffusers masks a padded batch). When the deploy selects a ``packed_attention`` kernel,
+denoise steps take the packed form instead: requests of any size and prompt length share one call as
+one sequence (:func:`fv_qwen_image.transformer.qwen_forward_packed`), within the card's tolerance of
+each alone (not bit for bit: ``determinism: bitwise`` runs requests apart). True CFG's
 combine, its norm rescale and the Euler update run per request in ``advance``.
 """
 
