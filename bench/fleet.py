@@ -55,6 +55,8 @@ def start_replicas(n: int, deploy: dict, root: Path, shared_dir: bool) -> list[t
     for proc in procs:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.startswith("port "):
+            for started in procs:  # none is left behind
+                started.terminate()
             raise RuntimeError(f"a replica did not start: {line!r}")
         out.append((proc, f"http://127.0.0.1:{line.split()[1]}"))
     return out
