@@ -24,7 +24,8 @@ from tests.serving.support import TINY, ServerThread, tiny_deploy
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 CLIENTS, JOBS = 4, 2  # per client, one through each host
-ASK = {"model": TINY, "size": "32x32", "extra_body": {"num_frames": 5, "num_inference_steps": 6}}
+# long enough that host a still has queued jobs when the test, polling, sees its first one done (on a loaded machine)
+ASK = {"model": TINY, "size": "32x32", "extra_body": {"num_frames": 5, "num_inference_steps": 24}}
 
 
 def _start(tmp_path, name: str, deploy: dict) -> tuple[subprocess.Popen, str]:
