@@ -108,6 +108,7 @@ class VideoArtifact:
     fps: int = 16  # playback rate
     provenance: dict[str, Any] = field(default_factory=dict)  # card, recipe, seed, weights hash, kernels, ...
     audio: AudioArtifact | None = None  # muxed into the same file when saved as a video
+    stages: dict[str, Any] | None = None  # a workflow's stage artifacts by stage name (``keep: all``)
 
     def __post_init__(self) -> None:
         if self.frames.ndim != 4 or self.frames.shape[-1] != 3:
@@ -226,6 +227,7 @@ class ImageArtifact:
     image: np.ndarray
     provenance: dict[str, Any] = field(default_factory=dict)
     text: TextArtifact | None = None  # text made with it (think-t2i's thinking), saved beside it as .txt
+    stages: dict[str, Any] | None = None  # a workflow's stage artifacts by stage name (``keep: all``)
 
     def __post_init__(self) -> None:
         if self.image.ndim != 3 or self.image.shape[-1] != 3:

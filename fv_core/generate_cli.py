@@ -260,7 +260,7 @@ def _generate_workflow(args: argparse.Namespace, flow: Any, raw: dict) -> int:
     output = Path(args.output or DEFAULT_OUTPUT["video" if hasattr(artifact, "frames") else "image"])
     written = [artifact.save(output)]  # its provenance beside it
     written.append(written[0].with_suffix(".json"))
-    for stage, kept in getattr(artifact, "stages", {}).items():
+    for stage, kept in (getattr(artifact, "stages", None) or {}).items():
         written.append(
             kept.save(output.with_suffix(f".{stage}{output.suffix if hasattr(kept, 'frames') else '.png'}"))
         )

@@ -220,7 +220,7 @@ class JobStore:
         """Publish the staged mp4 and provenance (``video_path``) and mark the job completed; False
         (and the files removed) when the job was deleted or taken over meanwhile."""
         self._progress.pop(job_id, None)
-        nbytes = sum(self.storage.put(key) for key in _keys(job_id))
+        nbytes = sum(self.storage.put(key) for key in _keys(job_id) if self.storage.staging(key).is_file())
         cur = self.db.execute(
             "UPDATE jobs SET status='completed', progress=100, completed_at=?, size=?, seconds=?, bytes=? "
             f"WHERE id=? AND owner=? AND {_UNFINISHED}",
@@ -303,12 +303,18 @@ class JobStore:
             raise ValueError(f"not a video id: {job_id!r}")
         return self.storage.staging(_keys(job_id)[0])
 
-    def artifact(self, job_id: str) -> str | None:
-        """The storage key of a completed job's mp4, if it exists."""
+    def stages_path(self, job_id: str) -> Path:
+        """Where a workflow job's stage artifacts are written (a zip) before ``complete`` publishes them."""
+        if not ID_PATTERN.match(job_id):
+            raise ValueError(f"not a video id: {job_id!r}")
+        return self.storage.staging(_keys(job_id)[2])
+
+    def artifact(self, job_id: str, stages: bool = False) -> str | None:
+        """The storage key of a completed job's mp4 (``stages``: its workflow's stage artifacts), if it exists."""
         job = self.get(job_id)
         if job is None or job.status != "completed":
             return None
-        key = _keys(job_id)[0]
+        key = _keys(job_id)[2 if stages else 0]
         return key if self.storage.exists(key) else None
 
     def link(self, job_id: str) -> str | None:
@@ -323,9 +329,10 @@ class JobStore:
         return video
 
 
-def _keys(job_id: str) -> tuple[str, str]:
-    """A job's artifact keys: the mp4, then its provenance JSON."""
-    return f"videos/{job_id}.mp4", f"videos/{job_id}.json"
+def _keys(job_id: str) -> tuple[str, str, str]:
+    """A job's artifact keys: the mp4, its provenance JSON, then a workflow's stage artifacts (a zip, only
+    for a workflow that keeps them)."""
+    return f"videos/{job_id}.mp4", f"videos/{job_id}.json", f"videos/{job_id}.stages.zip"
 
 
 def _video(row: tuple) -> Video:

@@ -262,10 +262,13 @@ def router(video_body: type[VideoBase]) -> APIRouter:
         responses={200: {"content": {"video/mp4": {}}}},
     )
     async def video_content(
-        video_id: str, variant: Literal["video"] = "video", videos: Videos = Depends(_videos)
+        video_id: str, variant: Literal["video", "stages"] = "video", videos: Videos = Depends(_videos)
     ) -> Response:
-        """The mp4, from the artifact storage (any replica serves any job's)."""
+        """The mp4 (``variant=stages``: a zip of a workflow's stage artifacts, for a workflow that keeps
+        them), from the artifact storage (any replica serves any job's)."""
         video = _video(videos, video_id)
+        if variant == "stages":
+            return _stages(videos, video)
         key = videos.store.artifact(video_id)
         if key is None:
             raise ApiError(
@@ -301,3 +304,19 @@ def router(video_body: type[VideoBase]) -> APIRouter:
         return VideoDeleted(id=video_id)
 
     return router
+
+
+def _stages(videos: Videos, video: Video) -> Response:
+    """A completed workflow job's stage artifacts (``keep: all``): a zip of each stage's file."""
+    key = videos.store.artifact(video.id, stages=True)
+    if key is None:
+        raise ApiError(
+            404 if video.status == "completed" else 409,
+            f"video {video.id!r} ({video.status}) has no stage artifacts: only a completed job of a workflow "
+            "declared with keep: all has them. Fix: declare the workflow with keep: all, or ask for variant=video.",
+            "stages_not_found",
+            "variant",
+        )
+    disposition = {"content-disposition": f'attachment; filename="{video.id}.stages.zip"'}
+    chunks = iterate_in_threadpool(videos.store.storage.chunks(key))
+    return StreamingResponse(chunks, media_type="application/zip", headers=disposition)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import time
+import zipfile
+from pathlib import Path
 from typing import Any
 
 from fv_core.artifacts import ImageArtifact, VideoArtifact
@@ -101,6 +104,8 @@ class Workflows(Jobs):
                 )
             path = self.store.video_path(job_id)
             await asyncio.to_thread(save_atomically, artifact, path)
+            if artifact.stages:  # keep: all
+                await asyncio.to_thread(save_stages, artifact.stages, self.store.stages_path(job_id))
             count, height, width = artifact.frames.shape[:3]
             status = (
                 "completed"
@@ -135,3 +140,17 @@ class Workflows(Jobs):
                 "model",
             )
         return list(artifacts)
+
+
+def save_stages(stages: dict[str, Any], path: Path) -> None:
+    """Each stage's artifact (``NAME.mp4`` or ``NAME.png``, its provenance ``NAME.json``) zipped into ``path``."""
+    with tempfile.TemporaryDirectory() as folder:
+        written = []
+        for name, artifact in stages.items():
+            saved = artifact.save(Path(folder) / f"{name}{'.mp4' if hasattr(artifact, 'frames') else '.png'}")
+            written += [saved, saved.with_suffix(".json")]
+        partial = path.with_name(f".{path.name}.partial")
+        with zipfile.ZipFile(partial, "w") as archive:
+            for file in written:
+                archive.write(file, file.name)
+        partial.replace(path)

@@ -159,10 +159,8 @@ class LoadedWorkflow:
             "seconds": time.perf_counter() - start,
             "deploy": self.deploy,
         }
-        artifact = dataclasses.replace(done[self.spec.stages[-1].name], provenance=provenance)
-        if self.spec.keep == "all":
-            artifact.stages = done  # type: ignore[attr-defined]
-        return artifact
+        kept = {"stages": done} if self.spec.keep == "all" else {}
+        return dataclasses.replace(done[self.spec.stages[-1].name], provenance=provenance, **kept)
 
     # -- stages ------------------------------------------------------------------------------
 

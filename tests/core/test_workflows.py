@@ -165,6 +165,10 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
     """A workflow id on /v1/videos (t2i-to-i2v) and /v1/images (a one-stage image workflow), listed in
     /v1/models; bad params answer 400. Interleave gate: a workflow and direct requests to its stages' models,
     all at once, each equal to its run alone (bitwise mode)."""
+    import io
+    import zipfile
+
+    import httpx
     import openai
 
     from fv_core.deploy.card import parse_deploy
@@ -173,7 +177,7 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
     data = plan.model_dump(mode="json")
     data["models"] = [m for m in data["models"] if m["name"] in ("wan-t2i", "wan-i2v")]
     data["workflows"] = {
-        "t2i-to-i2v": data["workflows"]["t2i-to-i2v"],
+        "t2i-to-i2v": {**data["workflows"]["t2i-to-i2v"], "keep": "all"},  # its still downloadable too
         "still": {"params": {"prompt": None, "seed": 0}, "stages": [
             {"name": "still", "model": "wan-t2i", "task": "t2i", "bind": {"prompt": "request.prompt", "seed": "request.seed"}}
         ]},
@@ -196,6 +200,12 @@ def test_workflows_served_by_id_through_the_openai_sdk(host, plan, tmp_path):
         mp4 = server.service.store.video_path(done.id)
         served, served_bytes = json.loads(mp4.with_suffix(".json").read_text()), mp4.read_bytes()
         direct_bytes = server.service.store.video_path(direct.id).read_bytes()
+        kept = httpx.get(f"{server.url}/v1/videos/{done.id}/content", params={"variant": "stages"})
+        with zipfile.ZipFile(io.BytesIO(kept.content)) as archive:
+            assert sorted(archive.namelist()) == ["motion.json", "motion.mp4", "still.json", "still.png"]
+            assert archive.read("motion.mp4") == served_bytes
+        none = httpx.get(f"{server.url}/v1/videos/{direct.id}/content", params={"variant": "stages"})
+        assert none.status_code == 404 and "keep: all" in none.json()["error"]["message"]
         images = client.images.generate(prompt="a lantern", model="still", n=2, extra_body={"seed": 4})
         assert len(images.data) == 2 and images.data[0].b64_json != images.data[1].b64_json
         with pytest.raises(
