@@ -139,7 +139,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "nothing to load. Fix: pass --model CARD, --weights DIR|OWNER/NAME, --deploy FILE or --replay FILE."
         )
     if args.attention:
-        check_provided(host.registries, "kernels", args.attention, f"--attention {args.attention}")
+        check_provided(
+            host.registries, "kernels", args.attention, f"--attention {args.attention}", "attention"
+        )
         deploy = with_kernels(host, deploy, name, weights, {"attention": args.attention})
     if args.cache:
         deploy = with_cache(host, deploy, name, weights, *args.cache)

@@ -37,16 +37,20 @@ def _registered(registries: Registries, registry: str, name: str) -> bool:
     return name in getattr(registries, registry)
 
 
-def _variants(registries: Registries) -> set[str]:
-    return {key[3] for key in registries.kernels if isinstance(key, tuple)}
+def _variants(registries: Registries, op: str | None = None) -> set[str]:
+    """Kernel variants registered (for ``op``, or any op)."""
+    return {key[3] for key in registries.kernels if isinstance(key, tuple) and op in (None, key[0])}
 
 
-def check_provided(registries: Registries, registry: str, name: str, where: str) -> None:
+def check_provided(
+    registries: Registries, registry: str, name: str, where: str, op: str | None = None
+) -> None:
     """ConfigError unless a loaded plugin registers ``name`` (an interceptor, or a kernel variant), naming
-    ``where`` it was asked, what is available and, when known, the plugin that provides it."""
+    ``where`` it was asked, what is available (for the kernel's ``op``) and, when known, the plugin that
+    provides it."""
     if _registered(registries, registry, name):
         return
-    names = sorted(_variants(registries) if registry == "kernels" else map(str, registries.interceptors))
+    names = sorted(_variants(registries, op) if registry == "kernels" else map(str, registries.interceptors))
     raise ConfigError(
         f"{where}: no loaded plugin registers the {registry[:-1]} {name!r} (available: {names or 'none'})."
         + (

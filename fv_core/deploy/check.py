@@ -91,7 +91,9 @@ def _check_model(
     _check_enabled(host, "cards", model.card, enabled, f"{where}.card")
     card = assemble_card(registries, model.card)
     for op, variant in model.kernels.items():
-        check_provided(registries, "kernels", variant, f"{where}.kernels.{op}")  # names the plugin to install
+        check_provided(
+            registries, "kernels", variant, f"{where}.kernels.{op}", op
+        )  # names the plugin to install
         key, _ = lookup_kernel(registries.kernels, op, device, arch, variant)
         _check_enabled(host, "kernels", key, enabled, f"{where}.kernels.{op}")
     for name in model.interceptors:

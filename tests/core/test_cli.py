@@ -34,7 +34,8 @@ def test_cards_text_and_json(example_env, capsys):
     assert main(["cards", "--json"]) == 0
     card = {c["model_id"]: c for c in json.loads(capsys.readouterr().out)}["shapes-euler-8"]
     assert (
-        card["kernels_available"] == {"attention": ["naive", "sdpa"]}
+        card["kernels_available"]
+        == {"attention": ["naive", "sdpa"], "packed_attention": ["flex", "padded", "sdpa", "segments"]}
         and card["parent"] == "wan2.1-t2v-shapes"
     )
     steps = card["tasks"]["t2v"]["params"]["properties"]["num_inference_steps"]
