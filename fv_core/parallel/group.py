@@ -20,7 +20,6 @@ import datetime
 import importlib
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import threading
@@ -87,19 +86,30 @@ class Reply:
     traffic: int = 0  # bytes this rank sent during the step
 
 
-def join(rank: int, plan: ParallelPlan, port: int, device: str) -> Rank:
-    """Join the group's torch.distributed world (NCCL for CUDA, gloo otherwise) as ``rank``."""
+def join(rank: int, plan: ParallelPlan, port: int, device: str, store: Any = None) -> Rank:
+    """Join the group's torch.distributed world (NCCL for CUDA, gloo otherwise) as ``rank``: through
+    rank 0's ``store`` (rank 0), or the store listening on ``port`` (the workers)."""
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=plan.world_size,
-        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    # rank 0 through its store, keyed as the workers' tcp:// rendezvous keys theirs
+    where = (
+        {"store": dist.PrefixStore("default_pg", store)}
+        if store is not None
+        else {"init_method": f"tcp://127.0.0.1:{port}"}
     )
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    dist.init_process_group(backend, rank=rank, world_size=plan.world_size, timeout=timeout, **where)
     return make_rank(rank, plan)
+
+
+def listen(plan: ParallelPlan) -> Any:
+    """Rank 0's rendezvous store on a port the OS picks as it binds (no window in which another process
+    could take a port chosen first and bound later)."""
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    return dist.TCPStore(
+        "127.0.0.1", 0, plan.world_size, is_master=True, timeout=timeout, wait_for_workers=False
+    )
 
 
 def make_rank(rank: int, plan: ParallelPlan) -> Rank:
@@ -189,12 +199,6 @@ def _spawn(rank: int, plan: ParallelPlan, spec: WorkerSpec, port: int, threads: 
     return proc
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ParallelGroup:
     """Rank 0's handle on its workers (see the module docstring). One group per process: it owns the
     default torch.distributed process group."""
@@ -216,10 +220,12 @@ class ParallelGroup:
                 "this process already runs a torch.distributed group; fv runs one parallel model per process. "
                 "Fix: serve the other parallel model from its own `fv serve`."
             )
-        port = free_port()
+        store = listen(self.plan)
         threads = self._threads = max(1, (os.cpu_count() or 1) // self.plan.world_size)
-        self._procs = [_spawn(r, self.plan, self.spec, port, threads) for r in range(1, self.plan.world_size)]
-        self.rank = join(0, self.plan, port, self.spec.device)
+        self._procs = [
+            _spawn(r, self.plan, self.spec, store.port, threads) for r in range(1, self.plan.world_size)
+        ]
+        self.rank = join(0, self.plan, store.port, self.spec.device, store)
         self._resident = ResidentSender()  # fresh workers hold nothing
         self._broken = None
 
