@@ -100,14 +100,22 @@ def test_concurrent_claims_hand_each_job_to_exactly_one_replica(tmp_path, store_
     dead.lease._thread.join()
     dead.db.execute("DELETE FROM leases WHERE owner='dead'")  # its lease ran out
     claimed: list[list[str]] = [[] for _ in stores]
-    done = threading.Barrier(len(stores))
+    errors: list[BaseException] = []
+    done = threading.Barrier(len(stores), timeout=60)
 
     def claim(i: int) -> None:
         store = JobStore(tmp_path, owner=f"r{i}-claimer", store=store_url)  # its own connection
-        for _ in range(5):
-            store.recover()
-            claimed[i] += [c[0] for c in store.claim_queued([MODEL])]
-        done.wait()  # a store that closes hands its queued jobs back: all stay until all claimed
+        try:
+            for _ in range(5):
+                store.recover()
+                claimed[i] += [c[0] for c in store.claim_queued([MODEL])]
+        except BaseException as exc:  # reported below; the others must not wait for this one
+            errors.append(exc)
+            done.abort()
+        try:
+            done.wait()  # a store that closes hands its queued jobs back: all stay until all claimed
+        except threading.BrokenBarrierError:
+            pass
         store.close()
 
     threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(stores))]
@@ -115,6 +123,7 @@ def test_concurrent_claims_hand_each_job_to_exactly_one_replica(tmp_path, store_
         t.start()
     for t in threads:
         t.join()
+    assert errors == []
     together = [j for c in claimed for j in c]
     assert sorted(together) == sorted(ids)  # every job claimed, none twice
     for s in stores:
