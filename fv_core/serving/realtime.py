@@ -115,6 +115,7 @@ class Listener:
         self.dropped = 0  # chunks replaced by a newer one before they were sent
         self.changed = asyncio.Event()
         self.ended = False  # the session ended (or another client took it over)
+        self.finished = asyncio.Event()  # its sender sent the end and closed the socket
 
     def offer(self, chunk: Chunk) -> None:
         if self.policy == "drop":
@@ -169,6 +170,7 @@ class RealtimeSession:
         self.last: Chunk | None = None  # the last committed chunk (what a reconnect gets first)
         self.listener: Listener | None = None
         self.closed: str | None = None  # why it ended
+        self.close_code = 1000  # the WebSocket close code its listener gets (1001: the server is going away)
         self.changed = asyncio.Event()  # a listener came or went, a steer, a close
         self._task: asyncio.Task[None] | None = None
         self._rid: str | None = None  # the chunk request in flight
@@ -227,10 +229,11 @@ class RealtimeSession:
             self.listener = None
             self.changed.set()
 
-    async def close(self, reason: str) -> None:
-        """End the session: its chunk in flight is cancelled, its pages return."""
+    async def close(self, reason: str, code: int = 1000) -> None:
+        """End the session: its chunk in flight is cancelled, its pages return; its listener gets the
+        reason and the WebSocket close ``code``."""
         if self.closed is None:
-            self.closed = reason
+            self.closed, self.close_code = reason, code
         self.changed.set()
         if self._rid is not None:
             self.engine.cancel(self._rid, reason)
@@ -396,12 +399,23 @@ class RealtimeSessions:
         old = self.solo_s.get(session.model)
         self.solo_s[session.model] = chunk.latency_s if old is None else 0.7 * old + 0.3 * chunk.latency_s
 
-    async def close(self, sid: str, reason: str) -> bool:
+    async def close(self, sid: str, reason: str, code: int = 1000) -> bool:
         session = self.sessions.pop(sid, None)
         if session is None:
             return False
-        await session.close(reason)
+        await session.close(reason, code)
         return True
+
+    async def close_all(self, reason: str, code: int = 1001, timeout_s: float = 5.0) -> None:
+        """End every session (a server shutting down): each listener gets the end with ``reason`` and the
+        close ``code`` (waited for up to ``timeout_s``), and every session's pages return."""
+        listeners = [s.listener for s in self.sessions.values() if s.listener is not None]
+        for sid in list(self.sessions):
+            await self.close(sid, reason, code)
+        if listeners:
+            await asyncio.wait(
+                [asyncio.ensure_future(x.finished.wait()) for x in listeners], timeout=timeout_s
+            )
 
 
 class RealtimeCollector:

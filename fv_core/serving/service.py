@@ -35,8 +35,10 @@ class Service(Videos, Images, Chats, Sessions, Weights):
         self._watchers = tuple(asyncio.create_task(w) for w in watch)
 
     async def drain(self) -> None:
-        """Stop taking jobs (new ones answer 503) and give in-flight ones the deploy's grace period."""
+        """Stop taking jobs (new ones answer 503), end the real-time sessions (their sockets close with
+        the reason) and give in-flight jobs the deploy's grace period."""
         self.draining = True
+        await self.close_realtime("the server is shutting down")
         if self._tasks and self.deploy.shutdown_grace_s > 0:
             await asyncio.wait(self._tasks, timeout=self.deploy.shutdown_grace_s)
 

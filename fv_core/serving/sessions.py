@@ -70,6 +70,12 @@ class Sessions(Jobs):
                            "session_id")  # fmt: skip
         return session.record()
 
+    async def close_realtime(self, reason: str) -> None:
+        """End every real-time session (shutdown): each socket gets the end and closes with 1001, the
+        pages return."""
+        if "_realtime" in self.__dict__:
+            await self.realtime.close_all(reason)
+
     async def close_session(self, session_id: str) -> None:
         """Close a session on whichever served model holds it; unknown ids are a 404."""
         if await self.realtime.close(session_id, "closed by DELETE /v1/sessions"):

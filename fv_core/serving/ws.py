@@ -9,7 +9,8 @@ Server messages (JSON text): ``{"type": "session", ...the session record, "forma
 "window"}`` first; a reconnect then gets the last committed chunk again and the session goes on from
 it; ``{"type": "chunk", "chunk", "first_frame", "frames", "prompt", "strength", "latency_s",
 "deadline_missed", "format", "data"}`` per chunk; ``{"type": "error", "message"}`` for a bad message;
-``{"type": "end", "reason", ...the record}`` when the session ends (then the socket closes).
+``{"type": "end", "reason", ...the record}`` when the session ends; then the socket closes with that
+reason, code 1000, or 1001 when the server shuts down (every session is ended and its pages freed).
 
 Client messages: ``{"type": "steer", "prompt"?, "strength"?}`` (from the next chunk on: the new
 prompt, and how strongly it applies against the one before, 0 < strength <= 1), ``{"type": "ack"}``
@@ -98,8 +99,11 @@ async def send_chunks(ws: WebSocket, session: RealtimeSession, listener: Listene
         await ws.send_text(chunk_message(chunk, fmt, data))
     taken = session.listener not in (listener, None)
     reason = "another connection took this session over" if taken else session.closed
-    await ws.send_text(json.dumps({"type": "end", **session.record(), "reason": reason}))
-    await ws.close()
+    try:
+        await ws.send_text(json.dumps({"type": "end", **session.record(), "reason": reason}))
+        await ws.close(1000 if taken else session.close_code, str(reason)[:120])
+    finally:
+        listener.finished.set()
 
 
 async def handle(ws: WebSocket, session: RealtimeSession, listener: Listener, text: str, close: Any) -> bool:

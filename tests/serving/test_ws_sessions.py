@@ -2,14 +2,15 @@
 (PNG and H.264 chunks, a reconnect resuming at the last committed chunk), backpressure (a paused slow
 client, a dropping one, neither stalling the others), the interleave gate (sessions steered
 concurrently equal each session's chunks replayed alone, bit for bit), admission refusing a frame rate
-the instance cannot hold (429 with the predicted numbers), and a client that goes away leaving no KV
-pages behind."""
+the instance cannot hold (429 with the predicted numbers), a client that goes away leaving no KV
+pages behind, and a server shutting down ending its sessions (the reason, close code 1001, pages freed)."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 import fv_core
@@ -228,3 +230,24 @@ def test_admission_refuses_a_frame_rate_it_cannot_hold_and_a_gone_client_leaves_
         assert "no real-time session" in receive(ws)["message"]
     bad = http.post("/v1/sessions", json={"fps": 4, "prompt": "x", "params": {"height": 33}})
     assert bad.status_code == 400 and "height=33" in bad.json()["error"]["message"]
+
+
+def test_shutdown_ends_each_session_with_its_reason_closes_the_socket_and_frees_the_pages(host, tmp_path):
+    deploy = parse_deploy({"plugins": ["fv-wan"], "models": [{"card": CAUSAL}], "data_dir": str(tmp_path)})
+    with ServerThread(deploy, host) as srv:
+        with httpx.Client(base_url=srv.url, timeout=60) as client:
+            sid = open_session(client)
+        with socket(srv, sid) as ws:
+            receive(ws)
+            chunks(ws, 1)
+            srv.server.handle_exit(signal.SIGTERM, None)  # what `fv serve` does on SIGTERM: drain, then exit
+            while (message := receive(ws))["type"] == "chunk":
+                pass
+            assert message["type"] == "end" and message["reason"] == "the server is shutting down"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None
+            assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1001, "the server is shutting down")
+        assert pool(srv).used_pages == 0 and pool(srv).reserved_pages == 0
+        srv.thread.join(30)
+        assert not srv.thread.is_alive()  # the drain ended: the server exited
