@@ -6,6 +6,9 @@ create, progress per step, complete with its artifact, polls, download lookup).
 
 Writes bench/results/fleet.json and fleet.png. Run: ``flock /tmp/fv-bench.lock python -m bench.fleet``
 (``--smoke``: fewer jobs, 1 and 2 replicas).
+
+``--scale``: the scale run instead (``bench.fleet_scale``): 16 clients x 200 jobs against 2 replicas on
+PostgreSQL, one replica killed mid-run; no job lost or run twice (fleet_scale.json and .png).
 """
 
 from __future__ import annotations
@@ -121,8 +124,15 @@ def store_cost(url: str | None, root: Path, jobs: int, polls: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--scale", action="store_true", help="16 clients x 200 jobs, a replica killed mid-run"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if args.scale:
+        from bench.fleet_scale import main as scale
+
+        return scale(args.smoke)
     counts = [1, 2] if args.smoke else [1, 2, 4]
     jobs, repeats = (6, 1) if args.smoke else (24, 4)
     base = tiny_deploy("unused", max_running=4, max_steps=50, max_queue=64).model_dump(mode="json")
