@@ -137,6 +137,7 @@ class Video(BaseModel):
     seconds: str
     prompt: str | None = None
     error: JobError | None = None
+    download_url: str | None = None  # a completed job's presigned mp4 link, where the storage gives one (S3)
 
 
 class VideoList(BaseModel):
@@ -219,6 +220,7 @@ class SessionObject(BaseModel):
     model: str
     fps: float | None = None  # real-time sessions: the target frame rate
     predicted: dict[str, float] | None = None  # real-time: the load admission predicted (None: unmeasured)
+    replica: str | None = None  # where it lives (a fleet's replica; its requests carry x-session-id: <id>)
 
 
 class SessionDeleted(BaseModel):
