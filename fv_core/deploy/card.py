@@ -87,7 +87,7 @@ class Scheduling(Strict):
     max_wait_factor: float = Field(4.0, ge=1)  # auto: a request is done within this x its predicted solo time
     ttfs_target_s: float | None = Field(None, gt=0)  # auto: first step within this many s (None: no target)
     # resident weights + predicted step peaks of the requests running at once; a request that can never fit is
-    # refused at submission (None: no cap)
+    # refused at submission (None: what the device has)
     memory_budget_bytes: int | None = Field(None, ge=1)
 
 
