@@ -66,7 +66,12 @@ def _add_run_flags(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--replay", metavar="JSON", help="re-run the request recorded in a provenance file")
     gen.add_argument("--size", type=parse_size, help="WIDTHxHEIGHT (sets --width and --height)")
     gen.add_argument(
-        "--image", metavar="PATH", help="an input image (the first frame, for tasks that take one)"
+        "--image",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="an input image (the first frame, for tasks that take one); repeat it for tasks that take "
+        "several, in order (e.g. Qwen-Image-Edit Plus: Picture 1, 2, ...)",
     )
     gen.add_argument(
         "--attention",
@@ -277,7 +282,7 @@ def _generate(
     from fv_core.progress import RunProgress, files_line
     from fv_core.request.parts import image_part
 
-    parts = [image_part(args.image)] if args.image else []
+    parts = [image_part(path) for path in args.image]
     if parts and task is None:  # an image picks the model's first task that takes one
         task = model.image_task()
     task, program = model.program(task)

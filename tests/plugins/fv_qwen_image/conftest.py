@@ -96,6 +96,11 @@ def plus_second_path(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def plus_model(qwen_host, plus_second_path):
+    return fv_core.load(plus_second_path, host=qwen_host)
+
+
 def vl_processor(folder):
     """transformers' Qwen2VLProcessor of ``folder`` (a processor/ folder). Where torchvision is missing,
     transformers 5 can build no Qwen2-VL video processor (the edit pipelines never use one) and refuses a

@@ -40,12 +40,12 @@ def init(model, images, **params):
     return model.loop("edit").init(request)
 
 
-def test_the_output_size_defaults_from_the_last_image_as_diffusers(edit_model, qwen_host, plus_second_path):
+def test_the_output_size_defaults_from_the_last_image_as_diffusers(edit_model, plus_model):
     width, height, _ = calculate_dimensions(1024 * 1024, 60 / 40)
     state = init(edit_model, [WIDE])
     assert (state.values["width"], state.values["height"]) == (width, height) == (1248, 832)
     assert init(edit_model, [WIDE], height=64).values["height"] == 64
-    plus = fv_core.load(plus_second_path, host=qwen_host)
+    plus = plus_model
     width, height, _ = calculate_dimensions(1024 * 1024, 36 / 52)
     assert (init(plus, [WIDE, TALL]).values["width"], init(plus, [WIDE, TALL]).values["height"]) == (
         width,
@@ -53,7 +53,7 @@ def test_the_output_size_defaults_from_the_last_image_as_diffusers(edit_model, q
     )
 
 
-def test_bad_input_is_refused_naming_the_fix(edit_model, qwen_host, plus_second_path):
+def test_bad_input_is_refused_naming_the_fix(edit_model, plus_model):
     with pytest.raises(ConfigError, match="needs exactly one image; the request has 0") as info:
         edit_model.generate(prompt="make it blue", **SMALL)
     assert info.value.param == "image"
@@ -65,10 +65,9 @@ def test_bad_input_is_refused_naming_the_fix(edit_model, qwen_host, plus_second_
         edit_model.generate(image=WIDE, prompt="x", height=2048, width=2048)
     with pytest.raises(ConfigError, match="each side must be 16 to 8192 pixels"):
         image_part(np.zeros((9000, 16, 3), np.uint8))
-    plus = fv_core.load(plus_second_path, host=qwen_host)
     for count in (0, 5):
         with pytest.raises(ConfigError, match=f"an edit takes 1 to 4 images; the request has {count}"):
-            init(plus, [WIDE] * count)
+            init(plus_model, [WIDE] * count)
 
 
 def test_features_are_cached_by_the_image_content(edit_model):
@@ -110,6 +109,21 @@ def test_cli_edits_an_image_to_a_png(edit_path, edit_model, tmp_path, monkeypatc
     want = edit_model.generate(image=WIDE, prompt="make it blue", seed=4, **SMALL)
     assert np.array_equal(np.asarray(Image.open(out)), np.asarray(Image.open(io.BytesIO(png_of(want.image)))))
     assert main(base) == 2  # no image
+
+
+def test_cli_takes_several_images_in_order_for_edit_plus(
+    plus_second_path, plus_model, tmp_path, monkeypatch, qwen_host
+):
+    monkeypatch.setattr("fv_core.cli.load_plugins", lambda: qwen_host)
+    first, second, out = tmp_path / "1.png", tmp_path / "2.png", tmp_path / "out.png"
+    WIDE.save(first)
+    TALL.save(second)
+    args = ["generate", "--model", plus_second_path, "--prompt", "both", "--size", "48x32", "--steps", "2"]
+    assert main([*args, "--seed", "4", "--image", str(first), "--image", str(second), "-o", str(out)]) == 0
+    want = plus_model.generate(parts=[image_part(WIDE), image_part(TALL)], prompt="both", seed=4, **SMALL)
+    assert np.array_equal(np.asarray(Image.open(out)), np.asarray(Image.open(io.BytesIO(png_of(want.image)))))
+    five = [flag for _ in range(5) for flag in ("--image", str(first))]
+    assert main([*args, *five, "-o", str(out)]) == 2  # Plus takes 1 to 4
 
 
 def png_of(image: np.ndarray) -> bytes:
@@ -154,6 +168,19 @@ def test_images_edits_over_http(edit_path, edit_model, tmp_path):
         for kwargs, words in bad:
             with pytest.raises(openai.BadRequestError, match=words):
                 client.images.edit(model="qwen-image-edit-tiny", prompt="x", **kwargs)
+        two = [("1.png", png(WIDE), "image/png"), ("2.png", png(TALL), "image/png")]
+        out = client.images.edit(
+            model="qwen-image-edit-plus-tiny",
+            prompt="both",
+            image=two,
+            size="48x32",
+            extra_body={"num_inference_steps": 2, "seed": 3},
+        )
+        plus = fv_core.load(
+            "qwen-image-edit-plus-tiny", host=load_plugins(env={"FV_PLUGINS": "fv-qwen-image"})
+        )
+        want = plus.generate(parts=[image_part(WIDE), image_part(TALL)], prompt="both", seed=3, **SMALL).image
+        assert base64.b64decode(out.data[0].b64_json) == png_of(want)  # both files, in order
         five = [(f"{i}.png", png(WIDE), "image/png") for i in range(5)]  # every file reaches Plus's loop
         with pytest.raises(openai.BadRequestError, match="an edit takes 1 to 4 images; the request has 5"):
             client.images.edit(model="qwen-image-edit-plus-tiny", prompt="x", image=five, size="48x32")
