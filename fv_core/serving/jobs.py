@@ -216,11 +216,17 @@ class JobStore:
             self.db.execute("SET LOCAL synchronous_commit TO OFF")
             self.db.execute(update, (progress, job_id, self.me))
 
-    def complete(self, job_id: str, size: str, seconds: str) -> bool:
-        """Publish the staged mp4 and provenance (``video_path``) and mark the job completed; False
-        (and the files removed) when the job was deleted or taken over meanwhile."""
+    def publish(self, job_id: str) -> int:
+        """Publish a job's staged files (``video_path``, ``stages_path``) to the storage; returns their
+        bytes. Storage only, no database: a server runs it off its event loop (an upload to a slow
+        bucket stalls nothing else), then ``complete``."""
+        return sum(self.storage.put(key) for key in _keys(job_id) if self.storage.staging(key).is_file())
+
+    def complete(self, job_id: str, size: str, seconds: str, nbytes: int | None = None) -> bool:
+        """Mark the job completed, its files published (``nbytes``, from ``publish``; None: publish them
+        now); False (and the files removed) when the job was deleted or taken over meanwhile."""
         self._progress.pop(job_id, None)
-        nbytes = sum(self.storage.put(key) for key in _keys(job_id) if self.storage.staging(key).is_file())
+        nbytes = self.publish(job_id) if nbytes is None else nbytes
         cur = self.db.execute(
             "UPDATE jobs SET status='completed', progress=100, completed_at=?, size=?, seconds=?, bytes=? "
             f"WHERE id=? AND owner=? AND {_UNFINISHED}",
@@ -317,15 +323,12 @@ class JobStore:
         key = _keys(job_id)[2 if stages else 0]
         return key if self.storage.exists(key) else None
 
-    def link(self, job_id: str) -> str | None:
-        """A presigned download link of a completed job's mp4 (S3 storage), else None."""
-        key = self.artifact(job_id)
-        return self.storage.link(key, LINK_S) if key is not None else None
-
     def _video(self, row: tuple) -> Video:
         video = _video(row)
         if video.completed_at is not None and self.max_age_s is not None:
             video.expires_at = video.completed_at + self.max_age_s
+        if video.status == "completed":  # its files were published before the row said so
+            video.download_url = self.storage.link(_keys(video.id)[0], LINK_S)  # signed here, no request
         return video
 
 

@@ -5,8 +5,9 @@ A video is a job: created at once (queued in the engine), followed in the backgr
 provenance saved to the artifact storage when it completes (the way ``fv generate`` saves them). Jobs
 survive restarts: a queued job a stopped server kept (with its upload) runs again on the next one; on a
 shared store (a fleet), a replica cancels its jobs deleted through another replica and takes over the
-jobs of replicas that stopped. Any replica serves any job's mp4; on S3 storage a completed job's
-answer also carries a presigned link (``x-fv-download-url``).
+jobs of replicas that stopped. Any replica serves any job's mp4; on S3 storage a completed job also
+carries a presigned link (``download_url``, and the ``x-fv-download-url`` header of its retrieval). A
+job's files are published (uploaded to a bucket) in a thread, so a slow bucket stalls no other request.
 """
 
 from __future__ import annotations
@@ -165,8 +166,9 @@ class Videos(Workflows):
             assert isinstance(artifact, VideoArtifact), "create_video runs tasks that output video"
             path = self.store.video_path(job_id)
             await asyncio.to_thread(save_atomically, artifact, path)
+            nbytes = await asyncio.to_thread(self.store.publish, job_id)  # a bucket's upload: off the loop
             count, height, width = artifact.frames.shape[:3]
-            if self.store.complete(job_id, f"{width}x{height}", f"{count / artifact.fps:g}"):
+            if self.store.complete(job_id, f"{width}x{height}", f"{count / artifact.fps:g}", nbytes):
                 status = "completed"
             else:  # deleted while the files were written
                 path.unlink(missing_ok=True)
@@ -252,8 +254,8 @@ def router(video_body: type[VideoBase]) -> APIRouter:
     async def retrieve_video(video_id: str, response: Response, videos: Videos = Depends(_videos)) -> Video:
         response.headers["openai-poll-after-ms"] = POLL_AFTER_MS
         video = _video(videos, video_id)
-        if video.status == "completed" and (link := videos.store.link(video_id)) is not None:
-            response.headers["x-fv-download-url"] = link  # S3 storage: a presigned link to the mp4
+        if video.download_url is not None:
+            response.headers["x-fv-download-url"] = video.download_url  # S3 storage: a presigned link
         return video
 
     @router.get(

@@ -106,10 +106,11 @@ class Workflows(Jobs):
             await asyncio.to_thread(save_atomically, artifact, path)
             if artifact.stages:  # keep: all
                 await asyncio.to_thread(save_stages, artifact.stages, self.store.stages_path(job_id))
+            nbytes = await asyncio.to_thread(self.store.publish, job_id)  # a bucket's upload: off the loop
             count, height, width = artifact.frames.shape[:3]
             status = (
                 "completed"
-                if self.store.complete(job_id, f"{width}x{height}", f"{count / artifact.fps:g}")
+                if self.store.complete(job_id, f"{width}x{height}", f"{count / artifact.fps:g}", nbytes)
                 else "cancelled"
             )
         except Cancelled as exc:

@@ -141,6 +141,13 @@ def test_a_job_deleted_through_one_replica_is_lost_to_its_owner(tmp_path, store_
     a.close(), b.close()
 
 
+def test_a_folder_backend_gives_no_download_url(tmp_path):
+    store = JobStore(tmp_path)
+    job_id = _finished_job(store, 10, completed_at=1_000)
+    assert store.get(job_id).download_url is None and store.artifact(job_id) is not None
+    store.close()
+
+
 def _finished_job(store: JobStore, mp4_bytes: int, completed_at: int) -> str:
     job_id = new_job_id()
     store.create(job_id, MODEL, "32x32", "auto", "kept a while")
@@ -238,9 +245,51 @@ def test_artifacts_in_an_s3_bucket_upload_on_completion_link_and_go_with_retenti
     key = store.artifact(job_id)
     assert key == f"videos/{job_id}.mp4" and not store.video_path(job_id).exists()  # uploaded, not kept here
     assert b"".join(store.storage.chunks(key)) == b"\0" * 3000
-    assert (
-        httpx.get(store.link(job_id)).content == b"\0" * 3000
-    )  # the presigned link, straight from the bucket
+    link = store.get(job_id).download_url  # the presigned link, in the job record
+    assert httpx.get(link).content == b"\0" * 3000  # straight from the bucket
     assert store.sweep(now=2_000) == [job_id]
     assert not store.storage.exists(key) and not store.storage.exists(f"videos/{job_id}.json")
     store.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_slow_bucket_stalls_no_other_request_and_a_job_carries_its_download_url(host, tmp_path, s3):
+    """A job's upload hangs on the bucket: /health, retrievals and another whole job still answer."""
+    import httpx
+    import openai
+
+    from fv_core.deploy.card import parse_deploy
+    from tests.serving.support import SMALL, ServerThread, tiny_deploy
+
+    deploy = tiny_deploy(tmp_path, max_running=2, max_steps=50).model_dump(mode="json")
+    deploy["artifacts"] = f"s3://{s3.bucket}/slow"
+    with ServerThread(parse_deploy(deploy), host) as server:
+        storage, uploading, release = server.service.store.storage, threading.Event(), threading.Event()
+        put, calls = storage.put, []
+
+        def slow_put(key: str) -> int:  # the first job's upload waits until the test lets it go
+            calls.append(key)
+            if calls[0].split(".")[0] == key.split(".")[0]:
+                uploading.set()
+                assert release.wait(60)
+            return put(key)
+
+        storage.put = slow_put
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=10)
+        slow = client.videos.create(prompt="a slow upload", model=MODEL, **SMALL)
+        try:
+            assert uploading.wait(60)
+            assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+            other = client.videos.create(prompt="meanwhile", model=MODEL, **SMALL)
+            while (done := client.videos.retrieve(other.id)).status != "completed":
+                assert done.status in ("queued", "in_progress"), done
+                time.sleep(0.05)
+            assert client.videos.retrieve(slow.id).status == "in_progress"  # still uploading
+        finally:
+            release.set()
+        while client.videos.retrieve(slow.id).status != "completed":
+            time.sleep(0.05)
+        answer = httpx.get(f"{server.url}/v1/videos/{slow.id}")
+        link = answer.json()["download_url"]
+        assert link is not None and answer.headers["x-fv-download-url"] == link
+        assert httpx.get(link).content == client.videos.download_content(slow.id).read()
