@@ -81,6 +81,11 @@ class AdmissionController:
     def memory_bytes(self) -> int:
         return self.peak_bytes + sum(b for b, _ in self.resident.values())
 
+    @property
+    def headroom_bytes(self) -> float:
+        """The memory budget less the bound instances' resident bytes: what step peaks may use at once."""
+        return self.budget.memory_bytes - sum(b for b, _ in self.resident.values())
+
     def usage(self) -> dict[str, float]:
         return {"compute_s": self.compute_s, "memory_bytes": self.memory_bytes, "running": len(self.running)}
 

@@ -11,15 +11,24 @@ key: instance, shape bucket, precision) the measured seconds of one body call
 by its rows, so the scheduler can ask what a call of ``rows`` rows costs before
 deciding to batch (``batch_cost``). Each call's prediction and measurement are
 kept too (``record``), so a miscalibrated model shows (``accuracy``).
+
+Memory is in the same curve: the peak activation bytes per row measured for a curve key
+(``observe_peak``, see memory.py) replace a plan's declared ``peak_bytes`` (``fill``), so admission
+reserves measured peaks; a batched call that ran out of memory at N rows caps that key's calls below N
+rows until a call of N or more rows succeeds (``observe_oom``, ``row_limit``). A program's later stages
+are priced by the measured seconds of the same stage of earlier requests (``observe_stage``,
+``stage_s``), in the scheduler's clock currency, so remaining work counts every stage left.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -41,6 +50,9 @@ class BatchCurve:
 
     seconds: dict[int, float] = field(default_factory=dict)  # rows -> EMA of measured call seconds
     alone_since_batch: int = 0  # calls run alone since the last batched measurement (re-probe clock)
+    peak_row_bytes: float = 0.0  # most peak activation bytes per row measured (0: not measured)
+    peak_rows: set[int] = field(default_factory=set)  # row counts whose peak was measured
+    oom_rows: int | None = None  # a call of this many rows ran out of memory: calls stay below it
 
     def predict(self, rows: int) -> float | None:
         """Seconds of a call of ``rows`` rows: measured, else the least-squares line through the
@@ -98,17 +110,23 @@ class CostModel:
         self.predicted_s = 0.0  # predicted seconds of every recorded call
         self.measured_s = 0.0  # measured seconds of the same calls
         self.errors: deque[float] = deque(maxlen=256)  # |measured / predicted - 1| of the latest calls
+        self._stages: dict[Hashable, float] = {}  # (program, stage, instance) -> EMA of its seconds
 
     def register(self, loop_id: str, step_cost: StepCostModel) -> None:
         """Use a LoopSpec's step cost model for plans of ``loop_id`` that carry no cost_s."""
         self._specs[loop_id] = step_cost
 
     def fill(self, state: LoopState, plan: WorkPlan) -> WorkPlan:
-        """Fill a plan's raw ``cost_s`` and ``peak_bytes`` from the registered model when unset."""
+        """Fill a plan's raw ``cost_s`` from the registered model when unset; its ``peak_bytes`` from the
+        measured peak per row of its curve, else (when unset) from the registered model."""
         spec = self._specs.get(state.loop_id)
         if plan.cost_s <= 0:
             plan.cost_s = spec.base_s + spec.per_token_s * plan_tokens(plan) if spec else self.default_step_s
-        if plan.peak_bytes <= 0 and spec is not None:
+        key = curve_key(state, plan)
+        measured = self._curves[key].peak_row_bytes if key in self._curves else 0.0
+        if measured > 0:
+            plan.peak_bytes = math.ceil(measured * plan.batch_size)
+        elif plan.peak_bytes <= 0 and spec is not None:
             plan.peak_bytes = spec.peak_bytes_per_token * plan_tokens(plan)
         return plan
 
@@ -164,6 +182,50 @@ class CostModel:
             old = curve.seconds.get(rows)
             curve.seconds[rows] = actual_s if old is None else (1 - self.alpha) * old + self.alpha * actual_s
             curve.alone_since_batch = 0 if rows > 1 else curve.alone_since_batch + 1
+            if curve.oom_rows is not None and rows >= curve.oom_rows:
+                curve.oom_rows = rows + 1  # evidence: this many rows fit now
+
+    def wants_peak(self, key: Hashable | None, rows: int) -> bool:
+        """Whether a call of ``rows`` rows of ``key`` should have its peak bytes measured (not yet done)."""
+        return key is not None and rows not in self.curve(key).peak_rows
+
+    def observe_peak(self, key: Hashable | None, rows: int, peak_bytes: int) -> None:
+        """Fold one measured call peak into its curve's peak bytes per row (the largest seen)."""
+        if key is None or rows < 1:
+            return
+        curve = self.curve(key)
+        with self._lock:
+            curve.peak_rows.add(rows)
+            curve.peak_row_bytes = max(curve.peak_row_bytes, peak_bytes / rows)
+
+    def observe_oom(self, key: Hashable | None, rows: int) -> None:
+        """A call of ``rows`` rows ran out of memory: calls of ``key`` stay below ``rows`` rows."""
+        if key is not None and rows > 1:
+            curve = self.curve(key)
+            with self._lock:
+                curve.oom_rows = min(rows, curve.oom_rows or rows)
+
+    def row_limit(self, key: Hashable | None, headroom_bytes: float = math.inf) -> int | None:
+        """Most rows a call of ``key`` may have: below the rows that ran out of memory, and within
+        ``headroom_bytes`` at the measured peak per row (at least 1); None when nothing limits it."""
+        curve = self._curves.get(key) if key is not None else None
+        if curve is None:
+            return None
+        limits = [curve.oom_rows - 1] if curve.oom_rows else []
+        if curve.peak_row_bytes > 0 and math.isfinite(headroom_bytes):
+            limits.append(int(headroom_bytes // curve.peak_row_bytes))
+        return max(1, min(limits)) if limits else None
+
+    def observe_stage(self, program: str, stage: str, instance: Any, seconds: float) -> None:
+        """Fold the seconds (scheduler clock) one program stage on ``instance`` took into its EMA."""
+        key = (program, stage, id(instance))
+        with self._lock:
+            old = self._stages.get(key)
+            self._stages[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+
+    def stages_s(self, program: str, stages: list[str], instance: Any) -> float:
+        """Predicted seconds of program stages not yet started (each 0 until one ran on ``instance``)."""
+        return sum(self._stages.get((program, stage, id(instance)), 0.0) for stage in stages)
 
     def price_call(
         self, states: list[LoopState], plans: list[WorkPlan]

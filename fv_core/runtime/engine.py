@@ -21,7 +21,8 @@ the LoopResult, or ``error`` / ``cancelled`` carrying the exception).
 models keeps garbage-collection pauses independent of the process's heap; each run ends with
 ``release_heap()``, so the heap its steps freed does not stay resident while the engine is idle.
 ``scheduling`` picks the policy (policy.py: ``fair``, the default here, ``fifo`` or ``auto``; a deploy
-file's default is ``auto``); a deploy section's ``memory_budget_bytes`` caps ``budget.memory_bytes``.
+file's default is ``auto``); a deploy section's ``memory_budget_bytes`` caps ``budget.memory_bytes``, which
+is otherwise what the device has (memory.py: admission counts resident weights and cache budgets in it).
 The engine owns one CostModel calibrated by a Profiler observer, and one AdmissionController. ``at_boundary`` (from
 another thread while a run goes on, or when idle) runs ``fn(scheduler)`` between two ticks of the
 run in progress, else at once: a weight sync swaps weights there.
@@ -33,6 +34,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import math
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -49,6 +51,7 @@ from fv_core.loop.observers import Profiler
 from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Budget
 from fv_core.runtime.cost import CostModel
+from fv_core.runtime.memory import device_memory_bytes
 from fv_core.runtime.policy import Decisions, SchedulingPolicy
 from fv_core.runtime.scheduler import Entry, Scheduler, SchedulerConfig, WorkItem, settle
 
@@ -111,9 +114,11 @@ class Engine:
         self.policy = SchedulingPolicy.from_settings(scheduling)
         self.decisions = Decisions()  # what its schedulers decided, counted over every run
         cap = getattr(scheduling, "memory_budget_bytes", None)
+        budget = budget or Budget()
         if cap is not None:
-            budget = budget or Budget()
             budget.memory_bytes = min(budget.memory_bytes, cap)
+        elif math.isinf(budget.memory_bytes):  # default: what the device has (admission subtracts residents)
+            budget.memory_bytes = device_memory_bytes(device)
         self.admission = AdmissionController(budget)
         self.on_event = on_event
         self.max_batch_rows = max_batch_rows

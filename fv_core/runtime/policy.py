@@ -12,7 +12,8 @@
   peers (equal batch keys) join its call only while the batch curve predicts the batched call to
   cost at least ``margin`` less than its rows run apart. A curve with no batched measurement is
   probed with two rows, and re-probed after ``probe_every`` calls alone, so the curve is measured,
-  never assumed.
+  never assumed. A call's rows stay below the rows of its key that ran out of memory, and within the
+  memory the budget leaves beside the resident instances at the measured peak per row.
 
 Deadline work (a real-time session's chunk, submitted with a ``deadline``: the wall-clock time by
 which its frames must be out) goes first under every policy, earliest deadline first (EDF): ``fair``
@@ -28,6 +29,7 @@ depends on the cost model's predictions only, never on the wall time of the tick
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -109,9 +111,17 @@ def edf_key(item: Any) -> tuple[bool, float, int]:
 
 
 def pick_auto(
-    cands: list[Candidate], cost: CostModel, policy: SchedulingPolicy, clock: float, last: Any, max_rows: int
+    cands: list[Candidate],
+    cost: CostModel,
+    policy: SchedulingPolicy,
+    clock: float,
+    last: Any,
+    max_rows: int,
+    headroom_bytes: float = math.inf,
 ) -> tuple[list[Candidate], str]:
-    """The call to make: the lead first, then the peers that join it; and why (alone / batch / probe)."""
+    """The call to make: the lead first, then the peers that join it; and why (alone / batch / probe).
+    Its rows stay within ``max_rows`` and the lead's learned row limit (``CostModel.row_limit``: below rows
+    that ran out of memory, and within ``headroom_bytes`` at the measured peak per row)."""
     timed = [c for c in cands if c.deadline is not None]
     late = [c for c in cands if c.due <= clock]
     if timed:  # deadline work first, earliest deadline first
@@ -124,6 +134,7 @@ def pick_auto(
         (c for c in cands if c is not lead and c.key is not None and c.key == lead.key),
         key=lambda c: (*edf_key(c)[:2], c.remaining_s, c.seq),
     )
+    max_rows = min(max_rows, cost.row_limit(lead.key, headroom_bytes) or max_rows)
     peers = [c for c in peers if lead.rows + c.rows <= max_rows]
     if not peers:
         return [lead], "alone"

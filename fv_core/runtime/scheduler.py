@@ -2,13 +2,11 @@
 
 Each tick (``step``): drop cancelled requests at the step boundary, admit waiting requests while the named
 budgets allow (AdmissionController), plan each running request's next WorkUnit, let the policy
-(``SchedulerConfig.policy``, see policy.py: fair / fifo / auto) pick the calls to make, run them, fold the
-results back (LoopRunner.complete), stream events, and finish loops that returned Done (refunding their
-reservation). Each call is priced before it runs (batch curve, else the calibrated plans) and measured after:
-the measurement feeds the batch curve and the prediction advances the scheduler's clock, on which the auto
-policy counts ages. A batched call that runs out of memory is split and its rows retried alone (oom.py). All
-per-request state lives in the requests' LoopStates; the scheduler holds only queues and reservations.
-
+(``SchedulerConfig.policy``, policy.py: fair / fifo / auto) pick the calls, run them, fold the results back
+(LoopRunner.complete), stream events, finish loops that returned Done (refunding their reservation). A call
+is priced before it runs (batch curve, else the calibrated plans) and measured after (seconds; peak bytes
+once per key and rows, memory.py): measurements feed the cost model, predictions advance the clock the auto
+policy counts ages on. A batched call that runs out of memory is split, its rows retried alone (oom.py).
 Loops may define ``estimate(state) -> (raw_seconds, peak_bytes)`` for their remaining work; otherwise
 admission budgets the first plan's cost times the remaining steps (``total_steps``, or ``open_loop_steps``
 when unknown). Loops that write a paged KV pool define ``kv_need(state) -> (pool, pages)``: the most pages the
@@ -31,6 +29,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +39,10 @@ from fv_core.loop.contracts import Done, Loop, LoopResult, LoopState, StepResult
 from fv_core.loop.runner import ActiveLoop, LoopRunner, check_params, run_plan
 from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Estimate, Reservation
-from fv_core.runtime.batching import Batch, Outcome, group_calls, measured_s, run_batch
+from fv_core.runtime.batching import Batch, Outcome, group_calls, measured_s
 from fv_core.runtime.cost import CostModel, calibration_key, curve_key
-from fv_core.runtime.oom import OOM_ERRORS, out_of_memory, retry_alone
+from fv_core.runtime.memory import measure_peak
+from fv_core.runtime.oom import OOM_ERRORS, cap_rows, out_of_memory, run_rows
 from fv_core.runtime.policy import Candidate, Decisions, SchedulingPolicy, edf_key, pick_auto
 
 WorkItem = tuple[Loop | Program, Any, Any]  # (loop or program, request, instance)
@@ -82,6 +82,7 @@ class Entry:
     deadline: float | None = None  # wall-clock time its work is due (real-time sessions; see policy.py)
     arrived: float = 0.0  # scheduler clock at submit
     served_s: float = 0.0  # predicted seconds of the steps it ran, each priced alone
+    stage_from_s: float = 0.0  # served_s when its current program stage started
     started: bool = False  # ran a step
     stage: int = 0  # current program stage (0 for a plain loop)
     stage_results: dict[str, LoopResult] = field(default_factory=dict)  # finished program stages
@@ -235,6 +236,7 @@ class Scheduler:
         if selected and policy == "fair":  # deadline work first (stable: the rest least recently served)
             ordered = sorted(selected, key=lambda e: edf_key(e)[:2])
             calls = group_calls(ordered, self.config.batching, self.config.max_batch_rows)
+            calls = cap_rows(calls, self.cost, self.admission.headroom_bytes, self.config.max_batch_rows)
         elif selected and policy == "fifo":  # earliest deadline, else the oldest; none while it finishes
             calls = [e for e in [min(selected + finished, key=edf_key)] if e in selected]
         elif selected:
@@ -247,9 +249,14 @@ class Scheduler:
     def execute(self, out: SchedulerOutput) -> list[Outcome]:
         """Run each call: interceptors may answer plans; the rest run as one body call."""
         results: list[Outcome] = []
-        for call in out.calls:
+        for call, (key, rows, _) in zip(out.calls, out.priced, strict=True):
             try:
-                results.append(self._run_alone(call) if isinstance(call, Entry) else self._run_batch(call))
+                metered = measure_peak(self.ctx.device) if self.cost.wants_peak(key, rows) else nullcontext()
+                with metered as peak:
+                    res = self._run_alone(call) if isinstance(call, Entry) else self._run_batch(call)
+                if peak is not None and measured_s(res, len(getattr(call, "entries", [call]))) > 0:
+                    self.cost.observe_peak(key, rows, peak.bytes)  # a call that ran whole: its peak
+                results.append(res)
             except OOM_ERRORS as exc:  # only a lone call gets here: a batch retries its rows alone
                 assert isinstance(call, Entry) and isinstance(call.pending, WorkPlan)
                 results.append(
@@ -284,23 +291,8 @@ class Scheduler:
         return self.runner.before(entry.active_loop, plan) or run_plan(plan, self.ctx.profile)
 
     def _run_batch(self, batch: Batch) -> list[StepResult | BaseException]:
-        answers: list[StepResult | BaseException | None] = [
-            self.runner.before(e.active_loop, p) for e, p in zip(batch.entries, batch.plans, strict=True)
-        ]
-        todo = [i for i, a in enumerate(answers) if a is None]
-        if todo:
-            plans, rids = [batch.plans[i] for i in todo], [batch.entries[i].request_id for i in todo]
-            try:
-                ran: list[StepResult | BaseException] = list(run_batch(plans, self.ctx.profile))
-            except OOM_ERRORS as exc:
-                if len(plans) == 1:
-                    ran = [out_of_memory(rids[0], plans[0], 1, self.admission.budget.memory_bytes, exc)]
-                else:
-                    self.decisions.split += 1
-                    ran = retry_alone(rids, plans, self.ctx.profile, self.admission.budget.memory_bytes)
-            for i, r in zip(todo, ran, strict=True):
-                answers[i] = r
-        return answers  # type: ignore[return-value]
+        budget = self.admission.budget.memory_bytes
+        return run_rows(self.runner, batch, self.ctx.profile, self.cost, budget, self.decisions)
 
     def _ready(self, limit: int) -> tuple[list[Entry], list[Entry]]:
         """Up to ``limit`` running entries with their next plan, least recently served first (they go
@@ -323,7 +315,8 @@ class Scheduler:
         """The auto policy's one call of this tick (see policy.py), its decisions counted."""
         cands = [self._candidate(e) for e in selected]
         rows = self.config.max_batch_rows if self.config.batching else 1
-        call, why = pick_auto(cands, self.cost, self.config.policy, self.clock, self._lead, rows)
+        headroom = self.admission.headroom_bytes
+        call, why = pick_auto(cands, self.cost, self.config.policy, self.clock, self._lead, rows, headroom)
         lead = call[0].entry
         if self._lead is not None and lead is not self._lead and self._lead in selected:
             self.decisions.preempt += 1
@@ -341,6 +334,10 @@ class Scheduler:
         step_s, predicted = self.cost.solo_s(state, plan), self.cost.predict(state, plan)
         scale = step_s / predicted if predicted > 0 else 1.0  # the estimate in the clock's currency
         left = max(self._remaining(entry) * scale, step_s)  # at least its next step (an estimate may omit it)
+        if isinstance(prog := entry.runnable, Program):  # and its later stages, as they took before
+            left += self.cost.stages_s(
+                prog.name, [s.name for s in prog.stages[entry.stage + 1 :]], entry.instance
+            )
         due = policy.due(entry.arrived, entry.served_s + left, left, entry.started)  # solo: done + left
         key = curve_key(state, plan)
         return Candidate(entry, key, plan.batch_size, step_s, left, due, entry.seq, entry.deadline)
@@ -406,9 +403,7 @@ class Scheduler:
         ratio = self.cost.ratio(calibration_key(state, plan))
         if hasattr(loop, "estimate"):
             return loop.estimate(state)[0] * ratio
-        left = (
-            state.total_steps - state.step if state.total_steps is not None else self.config.open_loop_steps
-        )
+        left = self.config.open_loop_steps if state.total_steps is None else state.total_steps - state.step
         return plan.cost_s * ratio * max(left, 1)
 
     def _enqueue(self, entry: Entry, rank: int) -> None:
@@ -450,6 +445,9 @@ class Scheduler:
             return
         self._release(entry)
         program = entry.runnable
+        if isinstance(program, Program):  # what this stage took prices it in later requests' remaining work
+            taken, entry.stage_from_s = entry.served_s - entry.stage_from_s, entry.served_s
+            self.cost.observe_stage(program.name, program.stages[entry.stage].name, entry.instance, taken)
         if isinstance(program, Program) and entry.stage + 1 < len(program.stages):
             entry.stage_results[program.stages[entry.stage].name] = result
             entry.stage += 1

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fv_core.errors import AdmissionInfeasible, ConfigError, error_field, explain
+from fv_core.runtime.oom import OutOfMemory
 from fv_core.serving.metrics import Metrics
 from fv_core.serving.schemas import ErrorBody, ErrorDetail
 
@@ -41,7 +42,8 @@ class ApiError(Exception):
 
 def failure(exc: Exception, what: str, metrics: Metrics) -> ApiError:
     """The HTTP answer for a request that failed after it was queued: refusals and bad input found
-    by the loop are 400, the rest 500."""
+    by the loop are 400, running out of memory alone is 507 (Insufficient Storage: the device cannot
+    hold it; the message has the numbers), the rest 500."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, AdmissionInfeasible):  # the engine can never fit it: the request is too big
@@ -49,6 +51,8 @@ def failure(exc: Exception, what: str, metrics: Metrics) -> ApiError:
         return ApiError(400, str(exc), "admission_infeasible")
     if isinstance(exc, ConfigError):  # e.g. a prompt longer than the model's context
         return ApiError(400, str(exc), "invalid_request", exc.param)
+    if isinstance(exc, OutOfMemory):  # it ran out of memory alone: the device cannot hold this request
+        return ApiError(507, str(exc), OutOfMemory.code)
     return ApiError(500, f"{what} failed: {type(exc).__name__}: {exc}", "generation_failed")
 
 
