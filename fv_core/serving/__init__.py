@@ -1,7 +1,8 @@
 """HTTP serving: an OpenAI-compatible FastAPI app over the asyncio engine, with a durable job store.
 
 Needs the `serve` extra (`pip install fv-core[serve]`); the names below import FastAPI on first use, so
-``fv`` runs without it. A fleet plugin (fv-ray-serve) runs ``create_app`` in each replica.
+``fv`` runs without it. A fleet plugin (fv-ray-serve) runs ``create_app`` in each replica, with the
+fleet's ``SessionDirectory`` (a ``LocalDirectory`` shared by them all: where each session lives).
 """
 
 from __future__ import annotations
@@ -9,7 +10,12 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-_MODULE = {"create_app": "app", "default_data_dir": "jobs"}
+_MODULE = {
+    "create_app": "app",
+    "default_data_dir": "jobs",
+    "LocalDirectory": "placement",
+    "SessionDirectory": "placement",
+}
 __all__ = sorted(_MODULE)
 
 

@@ -34,6 +34,7 @@ from fv_core.serving import adapters, chat, images, sessions, status, videos, we
 from fv_core.serving.errors import ApiError, add_error_handlers
 from fv_core.serving.jobs import JobStore, default_data_dir
 from fv_core.serving.metrics import Metrics
+from fv_core.serving.placement import SessionDirectory
 from fv_core.serving.schemas import ErrorBody, ImageBase, ImageEditBase, VideoBase, with_params
 from fv_core.serving.service import Service
 
@@ -50,11 +51,13 @@ def create_app(
     api_key: str | None = None,
     device: str = "cpu",
     replica: str | None = None,
+    directory: SessionDirectory | None = None,
 ) -> FastAPI:
     """An app serving ``deploy``; models load and the engine starts in its lifespan.
 
     ``replica`` (a fleet replica's unique id) opens the data dir's job store in shared mode, so
     several replicas serve one job table (see ``JobStore``); answers then carry ``x-fv-replica``.
+    ``directory`` is the fleet's shared ``SessionDirectory`` (where each session lives).
 
     The request bodies (and so the OpenAPI schema) are OpenAI's fields plus the request params
     of the deployed cards' tasks, from their loops' Params."""
@@ -67,6 +70,8 @@ def create_app(
         root = data_dir or deploy.data_dir or default_data_dir()
         store = JobStore(root, deploy.retention.max_age_s, replica, deploy.store, deploy.artifacts)
         service = Service(deploy, plugins, store, metrics, device)
+        if directory is not None:
+            service.directory = directory
         try:
             await service.start()
             app.state.service = service

@@ -9,7 +9,9 @@ Server messages (JSON text): ``{"type": "session", ...the session record, "forma
 "window"}`` first; a reconnect then gets the last committed chunk again and the session goes on from
 it; ``{"type": "chunk", "chunk", "first_frame", "frames", "prompt", "strength", "latency_s",
 "deadline_missed", "format", "data"}`` per chunk; ``{"type": "error", "message"}`` for a bad message;
-``{"type": "end", "reason", ...the record}`` when the session ends; then the socket closes with that
+``{"type": "error", "message", "code"}`` then a close for a session this replica does not hold (code
+``wrong_replica``: connect with ``x-session-id: <id>``; ``session_lost``: its replica is gone, close
+code 1011); ``{"type": "end", "reason", ...the record}`` when the session ends; then the socket closes with that
 reason, code 1000, or 1001 when the server shuts down (every session is ended and its pages freed).
 
 Client messages: ``{"type": "steer", "prompt"?, "strength"?}`` (from the next chunk on: the new
@@ -137,6 +139,7 @@ def router(api_key: str | None) -> APIRouter:
     async def session_socket(ws: WebSocket, session_id: str) -> None:
         await ws.accept()
         given = ws.headers.get("authorization", "").removeprefix("Bearer ")
+        code: str | None = None
         problem = connection_error(dict(ws.query_params))
         service = ws.app.state.service
         session = service.realtime.get(session_id)
@@ -147,13 +150,17 @@ def router(api_key: str | None) -> APIRouter:
         elif problem is None and session is None:
             problem = (f"no real-time session {session_id[:80]!r} (closed, ended or never opened with fps). "
                        "Fix: open one with POST /v1/sessions and an fps.")  # fmt: skip
+            elsewhere = await service.elsewhere(session_id)  # another replica's, or a gone one's
+            code = {410: "session_lost", 421: "wrong_replica"}.get(elsewhere.status)
+            problem = elsewhere.message if code else problem
         if problem is not None:
-            await ws.send_text(json.dumps({"type": "error", "message": problem}))
-            await ws.close(code=1008)
+            await ws.send_text(json.dumps({"type": "error", "message": problem, "code": code}))
+            await ws.close(code=1011 if code == "session_lost" else 1008, reason=(code or "refused"))
             return
         fmt = ws.query_params.get("format", "png")
         listener = Listener(ws.query_params.get("policy", "drop"), int(ws.query_params.get("window", "0")))  # type: ignore[arg-type]
-        hello = {"type": "session", **session.record(), "format": fmt, "policy": listener.policy}
+        hello = {"type": "session", **session.record(), "replica": service.replica, "format": fmt,
+                 "policy": listener.policy}  # fmt: skip
         if session.last is not None:  # a reconnect resumes at the last committed chunk (the hello's)
             listener.offer(session.last)
         session.attach(listener)

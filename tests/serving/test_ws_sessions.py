@@ -100,10 +100,11 @@ def error(ws, made: list[dict]) -> str:
     return message["message"]
 
 
-def stop(ws) -> dict:
+def stop(ws, seen: list[dict] | None = None) -> dict:
+    """Stop the session; its end message (chunks committed before the stop took effect go to ``seen``)."""
     ws.send(json.dumps({"type": "stop"}))
     while (message := receive(ws))["type"] != "end":
-        pass
+        (seen if seen is not None else []).append(message)
     return message
 
 
@@ -132,6 +133,9 @@ def test_steering_png_and_h264_chunks_and_a_reconnect_resuming_at_the_last_commi
         )
     record = http.get(f"/v1/sessions/{sid}").json()
     assert record["chunks"] >= 4 and record["kv_bytes"] > 0 and record["first_frame_s"] > 0
+    [listed] = [s for s in http.get("/v1/sessions").json()["data"] if s["id"] == sid]  # where it lives
+    assert (listed["kind"], listed["status"], listed["replica"]) == ("realtime", "open", record["replica"])
+    assert listed["chunks"] >= 4
     with socket(server, sid, format="h264") as ws:
         hello = receive(ws)
         again = receive(ws)  # the last committed chunk first, then the session goes on from it
@@ -144,8 +148,9 @@ def test_steering_png_and_h264_chunks_and_a_reconnect_resuming_at_the_last_commi
         assert (
             following["chunk"] == again["chunk"] + 1 and following["first_frame"] == again["first_frame"] + 4
         )
-        end = stop(ws)
-    assert end["reason"] == "stopped by the client" and end["chunks"] == following["chunk"] + 1
+        seen = [following]
+        end = stop(ws, seen)
+    assert end["reason"] == "stopped by the client" and end["chunks"] == seen[-1]["chunk"] + 1
     assert http.get(f"/v1/sessions/{sid}").status_code == 404
 
 

@@ -9,7 +9,9 @@ with several, model ``m`` answers at ``/m`` (``base_url=.../m/v1``). Every repli
 shares one job store (``JobStore`` shared mode), so any replica reads, downloads, lists and deletes
 (cancels) any job: the data dir's SQLite when every replica runs on one host, or the deploy file's
 ``store: postgresql://...`` with ``artifacts:`` on a shared folder or an S3 bucket when the Ray
-cluster spans hosts (each node's ``data_dir`` then only stages files).
+cluster spans hosts (each node's ``data_dir`` then only stages files). Sessions stay on the replica that
+opened them (``affinity.py``): their requests carry ``x-session-id: <id>`` and the deployment's request
+router sends them there; ``GET /v1/sessions`` on any replica lists every replica's sessions.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from fv_core import DeploymentCard
 from fv_core.deploy import parse_deploy
 from fv_core.serving import create_app, default_data_dir
+from fv_ray_serve.affinity import ROUTER, RayDirectory
 from fv_ray_serve.autoscale import QUEUE_DEPTH
 from fv_ray_serve.config import Fleet, ModelFleet, load_fleet_file
 
@@ -38,10 +42,12 @@ class FvReplica:
         context = serve.get_replica_context()
         # the job-owner id: unique for ever (a restarted replica is a new owner)
         self.replica_id = f"{context.deployment}-{context.replica_id.unique_id}-{uuid.uuid4().hex[:6]}"
+        self.directory = RayDirectory(context.app_name, context.replica_id.unique_id)  # the fleet's sessions
 
     def __serve_build_asgi_app__(self) -> Any:
         deploy = parse_deploy(self._deploy, "fleet replica")
-        return create_app(deploy, None, self._data_dir, self._api_key, self._device, replica=self.replica_id)
+        return create_app(deploy, None, self._data_dir, self._api_key, self._device, replica=self.replica_id,
+                          directory=self.directory)  # fmt: skip
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """This replica's queue depth, for ``QueueDepthPolicy``."""
@@ -56,6 +62,8 @@ def _options(deploy: DeploymentCard, name: str, scale: ModelFleet) -> dict[str, 
         "ray_actor_options": scale.ray_actor_options,
         # a stopping replica drains (the deploy's grace for in-flight jobs) before Ray kills it
         "graceful_shutdown_timeout_s": deploy.shutdown_grace_s + 10,
+        # a session's requests (x-session-id) reach the replica holding its pages
+        "request_router_config": RequestRouterConfig(request_router_class=ROUTER),
     }
     if scale.max_replicas_per_node is not None:
         options["max_replicas_per_node"] = scale.max_replicas_per_node

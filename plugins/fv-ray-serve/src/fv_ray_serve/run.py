@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -10,6 +11,7 @@ from pathlib import Path
 from fv_core import ConfigError
 from fv_core.deploy import check_deploy
 from fv_core.plugins import load_plugins
+from fv_ray_serve.affinity import NAMESPACE, directory_name
 from fv_ray_serve.config import load_fleet_file
 from fv_ray_serve.deployment import applications
 
@@ -49,6 +51,8 @@ def run_fleet(
     stop.wait()
     for name in names:
         serve.delete(name)
+        with contextlib.suppress(ValueError):  # the application's session directory (none: no session)
+            ray.kill(ray.get_actor(directory_name(name), namespace=NAMESPACE))
     serve.shutdown()
     ray.shutdown()
     return 0
