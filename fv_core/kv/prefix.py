@@ -11,7 +11,7 @@ image's content hash and the token's index); the path from the root fixes everyt
 - ``insert`` records a sequence's pages under its tokens' keys (one reference per page it adds);
 - ``lookup`` forks the longest cached prefix of a token sequence: full pages shared as they are, and a
   page matched only up to its first differing token shared too, so the caller's first write into it
-  copies it (the pool's copy-on-write) and never changes what others read;
+  copies it (the pool's copy-on-write) and never changes what others read; ``match`` only measures it;
 - pages only the cache references are kept until the pool needs them: the pool's ``reclaim`` evicts the
   least recently used leaf nobody else references, one page at a time.
 
@@ -100,6 +100,20 @@ class PrefixCache:
             self.stats.hits += matched > 0
             self.stats.matched_tokens += matched
             return KVSeq(pages, matched)
+
+    def match(self, namespace: Hashable, keys: Sequence[Hashable]) -> int:
+        """How many leading tokens of ``keys`` a :meth:`lookup` would serve now (takes nothing, counts
+        nothing)."""
+        size = self.pool.page_size
+        with self.pool.lock:
+            node, matched = self._roots.get(namespace), 0
+            while node is not None:
+                chunk = tuple(keys[matched : matched + size])
+                if len(chunk) == size and chunk in node.children:
+                    node, matched = node.children[chunk], matched + size
+                    continue
+                return matched + max((_common(c.keys, chunk) for c in node.children.values()), default=0)
+            return matched
 
     def insert(self, namespace: Hashable, keys: Sequence[Hashable], seq: KVSeq) -> None:
         """Record ``seq``'s pages under ``keys`` (one per token of ``seq``). Pages of prefixes already cached

@@ -96,3 +96,20 @@ def test_a_second_copy_of_a_cached_prefix_adds_nothing_and_all_stays_evictable()
     assert pool.drain() == len(second.pages)  # the cache's own pages went back; the sequence's stay
     pool.release(second)
     assert pool.drain() == 0
+
+
+def test_match_measures_what_a_lookup_would_serve_and_takes_nothing():
+    pool = PagedKVPool(2, 3, 4, page_size=4, num_pages=8)
+    cache = PrefixCache(pool)
+    seq = written(pool, 10, 0)
+    cache.insert("v1", list(range(10)), seq)
+    pool.release(seq)
+    refs = list(pool.refs)
+    for keys in (list(range(12)), [0, 1, 2, 3, 4, 5, 77], [0, 1, 9], [5], []):
+        n = cache.match("v1", keys)
+        assert pool.refs == refs and cache.stats.lookups == 0
+        served = cache.lookup("v1", keys)
+        assert served.length == n
+        pool.release(served)
+        cache.stats.lookups = 0
+    assert cache.match("v2", list(range(10))) == 0

@@ -126,3 +126,41 @@ def test_consecutive_texts_prefill_as_one_block_with_the_same_tokens(bagel, monk
     per_text = chat(bagel, talk, cached=False, prompt="a cat?", max_tokens=6, temperature=0.9, seed=3)
     assert torch.equal(one_block.outputs["tokens"], per_text.outputs["tokens"])
     assert one_block.metrics["prompt_tokens"] == per_text.metrics["prompt_tokens"]
+
+
+def test_requests_arriving_together_prefill_their_shared_prefix_once(bagel):
+    """Three chats with one system prompt submitted at once: the first prefills it, the others wait for it
+    and prefill only their questions; the tokens equal the uncached runs'."""
+    prompts = ["what is red?", "and blue?", "a cat?"]
+    want = [chat(bagel, [SYSTEM], cached=False, prompt=p, max_tokens=6) for p in prompts]
+    bagel.instance.kv_pool.drain()
+    jobs = [
+        bagel.job(bagel.prepare({"prompt": p, "max_tokens": 6}, task="chat", parts=[SYSTEM])) for p in prompts
+    ]
+    together = Engine(max_batch_rows=3).run_batched(jobs)
+    system_tokens = len(bagel.instance.tokenizer.encode(SYSTEM.text)) + 2
+    assert together[0].metrics["cached_prompt_tokens"] == 0
+    assert all(r.metrics["cached_prompt_tokens"] >= system_tokens for r in together[1:])
+    for result, expected in zip(together, want, strict=True):
+        assert torch.equal(result.outputs["tokens"], expected.outputs["tokens"])
+    pool = bagel.instance.kv_pool
+    assert pool.reserved_pages == 0 and pool.drain() == 0
+
+
+def test_think_t2i_thinking_starts_from_the_prefix_cache(bagel):
+    """The same think-t2i request again: its thinking stage is served whole from the cache (the contexts it
+    hands the image stage too), and the image equals the uncached run's."""
+    params = dict(task="think-t2i", prompt="a red cat", max_tokens=4, num_inference_steps=2, seed=3)
+    bagel.instance.kv_pool.drain()
+    first = bagel.generate(**params)
+    again = bagel.generate(**params)
+    thinking = [r.provenance["metrics"]["stages"]["0:think"] for r in (first, again)]
+    assert thinking[0]["cached_prompt_tokens"] == 0
+    assert thinking[1]["cached_prompt_tokens"] == thinking[1]["prompt_tokens"] > 0
+    bagel.instance.prefix_caching = False
+    try:
+        uncached = bagel.generate(**params)
+    finally:
+        bagel.instance.prefix_caching = True
+    assert np.array_equal(again.image, uncached.image)
+    assert bagel.instance.kv_pool.drain() == 0

@@ -7,9 +7,11 @@ request's own generator. Token steps of different requests batch as rows whateve
 lengths (:mod:`fv_bagel.context`). ``kv_need`` tells admission the most pages the request can hold at
 once, so a request waits for pages instead of running out of them mid-decode.
 
-The context starts from the longest prefix the instance's prefix cache holds (:mod:`fv_bagel.prefill`);
-the finished context (the decoded tokens too) is recorded there, so the next turn of a conversation
-prefills only what it adds.
+The context starts from the longest prefix the instance's prefix cache holds (:mod:`fv_bagel.prefill`),
+or from what a request arriving with it is prefilling, once it has (:mod:`fv_bagel.sharing`); the
+finished context (the decoded tokens too) is recorded there, so the next turn of a conversation
+prefills only what it adds. think-t2i's thinking starts from the cache too: the context after each
+segment served whole is kept for the image stage as a prefilled one is.
 
 Speculative decoding (``speculative_k`` > 0): each step drafts up to k tokens by prompt lookup (the
 latest earlier occurrence of the context's last n-gram, ``speculative_ngram`` down to 1 token, and the
@@ -32,6 +34,7 @@ from fv_bagel import bodies
 from fv_bagel.context import RAGGED_CONTEXT, check_positions, plain, plan_inputs, text_ids, written
 from fv_bagel.images import understood
 from fv_bagel.prefill import PrefillLoop
+from fv_bagel.sharing import MAX_WAITS, wait_plan
 from fv_bagel.state import ChatState
 from fv_core.kv import KVSeq, PagedKVPool
 from fv_core.loop import Done, LoopResult, LoopState, StepResult, WorkPlan, WorkUnitKind, pinned, pinned_state
@@ -63,35 +66,64 @@ class ChatLoop(PrefillLoop):
             prefix + p.max_tokens + 1,
             f"a prompt of {prefix} tokens plus max_tokens={p.max_tokens}",
         )
-        keep = bool(request.carry.get("keep_contexts"))
-        # think-t2i's AR stage prefills its contexts itself: each is handed to the denoise stage, whose
-        # admission counts them (it records them in the prefix cache all the same)
-        seq, rope, keys, left, _ = (
-            self._served(state, segments) if not keep else (KVSeq(), 0, [], segments, [])
-        )
-        if not keep:  # consecutive texts prefill as one causal block: one step, the same keys/values
-            left = merged(left)
         s = ChatState(
-            segments=left,
+            segments=segments,
             token=inst.special["bos_token_id"],  # the first decode step feeds <|im_start|>
             max_tokens=p.max_tokens,
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k,
             stop=list(p.stop),
-            keep_contexts=keep,
-            seq=plain(seq),
-            rope=rope,
-            keys=keys,
-            reused=seq.length,
-            held=len(seq.pages),
+            keep_contexts=bool(request.carry.get("keep_contexts")),
             speculative_k=p.speculative_k,
             speculative_ngram=p.speculative_ngram,
         )
-        if not left:
-            s.decode_start = time.perf_counter()
         s.put(state)
+        self._start(state, s, first=True)
         return state
+
+    def _start(self, state: LoopState, s: ChatState, first: bool) -> None:
+        """Start the context from the longest prefix the prefix cache holds (think-t2i: with the context
+        after each segment it serves whole kept for the next stage, as a prefilled one is); at init
+        (``first``), unless a request prefilling meanwhile shares at least a page more: then wait for it
+        (:mod:`fv_bagel.sharing`). After a wait the pages reused are not reserved: admission counted them."""
+        inst = self.instance
+        flat = self._flat(state, s.segments)
+        if first and inst.prefix is not None and flat:
+            namespace = self._namespace(state)
+            shared = inst.prefilling.shared(state.request_id, namespace, flat)
+            if shared >= inst.prefix.match(namespace, flat) + inst.kv_pool.page_size:
+                s.wait, s.waited = shared, 0
+                return
+        seq, rope, keys, left, ends = self._served(state, s.segments, reserve=first)
+        s.seq, s.rope, s.keys, s.reused, s.wait = plain(seq), rope, keys, seq.length, 0
+        s.held = len(seq.pages) if first else 0
+        if s.keep_contexts:
+            pool = inst.kv_pool
+            for length, at in ends:
+                fork = pool.truncate(pool.fork(seq), length)
+                s.kept.append({"seq": plain(fork), "rope": at, "net": pinned(state, "net")})
+            s.segments = left
+        else:  # consecutive texts prefill as one causal block: one step, the same keys/values
+            s.segments = merged(left)
+        if s.segments:
+            inst.prefilling.add(state.request_id, self._namespace(state), flat)
+        else:
+            s.decode_start = time.perf_counter()
+
+    def _flat(self, state: LoopState, segments: list[dict[str, Any]]) -> list[Any]:
+        """The prefix-cache keys of the context's tokens, as far as the cache can hold them."""
+        return [k for keys in self._segment_keys(state, segments) for k in keys]
+
+    def _waiting(self, state: LoopState, s: ChatState) -> bool:
+        """Whether to wait on for the shared prefix: the cache does not hold it yet, the request prefilling
+        it has not left, and the waits are not spent."""
+        inst = self.instance
+        if inst.prefix is None or s.waited >= MAX_WAITS:
+            return False
+        namespace, flat = self._namespace(state), self._flat(state, s.segments)
+        held = inst.prefix.match(namespace, flat)
+        return held < s.wait and inst.prefilling.shared(state.request_id, namespace, flat) >= s.wait
 
     def _add_parts(self, state: LoopState, request: Any) -> list[dict[str, Any]]:
         """The request's text and image parts as context segments, in order (a conversation so far:
@@ -136,6 +168,7 @@ class ChatLoop(PrefillLoop):
     def release(self, state: LoopState) -> None:
         """Return the context's pages to the pool (on finish, and when the request is cancelled or fails)."""
         pool, s = self.instance.kv_pool, ChatState.of(state)
+        self.instance.prefilling.discard(state.request_id)
         pool.unreserve(s.held)
         s.held = 0
         if s.seq:
@@ -147,6 +180,10 @@ class ChatLoop(PrefillLoop):
 
     def next(self, state: LoopState) -> WorkPlan | Done:
         s = ChatState.of(state)
+        if s.wait:  # waiting for a shared prefix another request prefills: idle, or start from the cache
+            if self._waiting(state, s):
+                return wait_plan(s.waited)
+            self._start(state, s, first=False)
         if s.segments:
             return self._segment_plan(self._ctx(s), s.segments[0], state)
         if s.stop_reason is not None:
@@ -178,6 +215,9 @@ class ChatLoop(PrefillLoop):
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
         out, s = result.outputs, ChatState.of(state)
+        if s.wait:
+            s.waited += 1
+            return state
         if s.segments:
             segment = s.segments.pop(0)
             keys = self._keys(state, segment)
@@ -187,6 +227,7 @@ class ChatLoop(PrefillLoop):
             self._remember(state, s.keys, s.seq)  # later requests starting alike reuse these pages
             if not s.segments:
                 s.decode_start = time.perf_counter()
+                self.instance.prefilling.discard(state.request_id)
             if s.keep_contexts:  # a later stage reuses the context after each segment
                 assert s.seq is not None
                 fork = self.instance.kv_pool.fork(KVSeq(**s.seq))

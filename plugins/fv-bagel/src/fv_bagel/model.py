@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from fv_bagel.checkpoint import check_layout, llm_config, load_net, load_tokenizer, vit_config
+from fv_bagel.sharing import Prefilling
 from fv_core import ConfigError
 from fv_core.card import ModelCard
 from fv_core.kv import PagedKVPool, PrefixCache
@@ -70,6 +71,7 @@ class BagelModel(SyncableComponents):
         self._components: dict[str, Any] = {}
         self._kv_pool: PagedKVPool | None = None
         self._prefix: PrefixCache | None = None
+        self.prefilling = Prefilling()  # contexts being prefilled: requests arriving with them wait
         self._lock = threading.Lock()
         self._init_sync()
 

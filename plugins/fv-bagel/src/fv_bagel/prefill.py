@@ -103,16 +103,22 @@ class PrefillLoop:
         tag = digest.hexdigest()[:32]
         return [f"{tag}:{i}" for i in range(self._tokens(state, segment))]
 
-    def _served(self, state: LoopState, segments: list[dict[str, Any]]) -> Served:
-        """The longest prefix of ``segments`` the prefix cache holds: the context over its pages, its next
-        RoPE position, its tokens' keys, the segments left to prefill (a text served in part: its rest) and
-        the context's (length, RoPE position) after each segment served whole."""
-        cache, keys = self.instance.prefix, []
+    def _segment_keys(self, state: LoopState, segments: list[dict[str, Any]]) -> list[list[Any]]:
+        """The prefix-cache keys of each leading segment the cache can hold."""
+        keys = []
         for segment in segments:
             segment_keys = self._keys(state, segment)
             if segment_keys is None:
                 break
             keys.append(segment_keys)
+        return keys
+
+    def _served(self, state: LoopState, segments: list[dict[str, Any]], reserve: bool = True) -> Served:
+        """The longest prefix of ``segments`` the prefix cache holds: the context over its pages, its next
+        RoPE position, its tokens' keys, the segments left to prefill (a text served in part: its rest) and
+        the context's (length, RoPE position) after each segment served whole. ``reserve``: promise the
+        pages reused on the pool (False: admission already counted them as the request's own)."""
+        cache, keys = self.instance.prefix, self._segment_keys(state, segments)
         flat = [k for segment_keys in keys for k in segment_keys]
         if cache is None or not flat:
             return KVSeq(), 0, [], list(segments), []
@@ -132,7 +138,7 @@ class PrefillLoop:
             break
         # a match shorter than a page (or the whole context) saves little and would pin another's page;
         # the pages reused are promised now (admission reserves the rest): they are held from here on
-        if served < min(pool.page_size, len(flat)) or not pool.reserve(pool.pages_for(served)):
+        if served < min(pool.page_size, len(flat)) or (reserve and not pool.reserve(pool.pages_for(served))):
             pool.release(seq)
             return KVSeq(), 0, [], list(segments), []
         return pool.truncate(seq, served), rope, flat[:served], left, ends

@@ -60,6 +60,8 @@ class ChatState(Typed):
     keys: list[Any] = field(default_factory=list)  # each context token's prefix-cache key (text: its id)
     reused: int = 0  # context tokens served by the prefix cache (not prefilled)
     held: int = 0  # pages reserved for the served prefix at init (admission reserves the rest)
+    wait: int = 0  # tokens of a prefix another request is prefilling that this one waits for (0: none)
+    waited: int = 0  # idle steps it has waited
     speculative_k: int = 0  # tokens drafted per step (0: one token a step)
     speculative_ngram: int = 3  # the longest n-gram matched to draft
     drafted: int = 0  # draft tokens verified
