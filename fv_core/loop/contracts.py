@@ -98,6 +98,12 @@ class WorkPlan:
     plan order, and keeps each plan's tokens to themselves (attention within a segment only). Outputs
     named in ``packed_outputs`` are split back along the dim of the packed input they follow. A plan
     run alone gets no ``SEGMENTS``: its body runs the plain path.
+
+    Batch invariance (``invariant_body``): the same step as ``body`` with each batched row's outputs bit
+    for bit what ``body`` gives that plan alone, whatever shares the call (each row's reductions in a
+    fixed order: see ``fv_core.invariant``). Under ``determinism: bitwise`` plans batch only through it
+    (plans without one run alone); the other modes batch through ``body``. A loop sets it only where the
+    equality is measured (tests assert it, and that ``body`` batched would differ where it does).
     """
 
     kind: WorkUnitKind  # which of the 13 kinds
@@ -115,6 +121,7 @@ class WorkPlan:
     # packed form (see above): input -> its token dim (any int for a non-tensor per-plan value)
     packed: dict[str, int] = field(default_factory=dict)
     packed_outputs: dict[str, str] = field(default_factory=dict)  # output -> the packed input it follows
+    invariant_body: StepBody | None = None  # batched rows bit for bit each plan alone (see above)
 
 
 @dataclass(slots=True)
