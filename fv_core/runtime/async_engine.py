@@ -32,6 +32,7 @@ from typing import Any
 from fv_core.errors import Cancelled, ConfigError, QueueFull
 from fv_core.loop.contracts import LoopResult, StreamEvent
 from fv_core.request import TERMINAL_EVENTS
+from fv_core.runtime.batching import Batching
 from fv_core.runtime.engine import Engine, release_heap
 from fv_core.runtime.engine import freeze_heap as freeze_loaded_heap
 from fv_core.runtime.scheduler import Scheduler, settle
@@ -49,7 +50,7 @@ class AsyncEngine:
     """Submit / stream / cancel / result over one worker thread."""
 
     def __init__(
-        self, engine: Engine | None = None, *, batching: bool = True, freeze_heap: bool = False
+        self, engine: Engine | None = None, *, batching: Batching = True, freeze_heap: bool = False
     ) -> None:
         self.engine = engine or Engine()
         self.batching = batching

@@ -10,13 +10,17 @@ by rows, non-tensor outputs are shared. Plans in the packed form (``WorkPlan.pac
 packed inputs along the token dim, the body gets each plan's lengths (``SEGMENTS``), and the outputs
 that follow a packed input are split back along it. Measured time is attributed in proportion to each
 plan's predicted cost. ``group_calls`` is the fair policy's grouping of a tick's plans into calls.
+
+``Batching`` says which plans may share a call: ``True`` every plan with a batch key, ``False`` none,
+``"invariant"`` (``determinism: bitwise``) only plans with an ``invariant_body``, which such a call runs
+instead of ``body`` (see WorkPlan): a request's bytes then do not depend on what it was batched with.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -25,6 +29,15 @@ from fv_core.loop.contracts import SEGMENTS, Profile, StepResult, WorkPlan
 from fv_core.loop.runner import run_plan
 from fv_core.loop.seam import BLOCKS_INPUT
 from fv_core.loop.spans import BlockHooks
+
+Batching = bool | Literal["invariant"]  # which plans may share a call (see the module docstring)
+
+
+def may_share(plan: WorkPlan, batching: Batching) -> bool:
+    """Whether ``plan`` may share a call with plans of its batch key under ``batching``."""
+    if not batching or plan.batch_key is None:
+        return False
+    return batching is True or plan.invariant_body is not None
 
 
 def concat_inputs(plans: list[WorkPlan]) -> dict[str, Any]:
@@ -116,15 +129,18 @@ def split_outputs(
     return parts
 
 
-def run_batch(plans: list[WorkPlan], profile: Profile) -> list[StepResult]:
-    """Run plans (equal batch keys) as one call; one plan runs alone."""
+def run_batch(plans: list[WorkPlan], profile: Profile, invariant: bool = False) -> list[StepResult]:
+    """Run plans (equal batch keys) as one call, through their ``invariant_body`` when ``invariant``;
+    one plan runs alone."""
     if len(plans) == 1:
         return [run_plan(plans[0], profile)]
     sizes = [p.batch_size for p in plans]
+    body = plans[0].invariant_body if invariant else plans[0].body
+    assert body is not None, "an invariant batch holds plans with an invariant_body only"
     with grad_mode(profile):
         t0 = time.perf_counter()
         inputs = concat_inputs(plans)
-        outputs = plans[0].body(inputs)
+        outputs = body(inputs)
         seconds = time.perf_counter() - t0
     total_cost = sum(p.cost_s for p in plans)
     shares = [p.cost_s / total_cost if total_cost > 0 else 1 / len(plans) for p in plans]
@@ -143,25 +159,28 @@ class Batch:
     entries: list[Any]  # owners (the scheduler's entries), one per plan
     plans: list[WorkPlan]  # equal batch keys
     rows: int = 0  # sum of batch_size
+    invariant: bool = False  # run through the plans' invariant_body (batching "invariant")
 
 
 Outcome = StepResult | list[StepResult | BaseException] | BaseException  # per plan for a batch
 
 
-def group_calls(selected: list[Any], batching: bool, max_rows: int) -> list[Any]:
-    """Entries (each with a pending plan) in order; those with equal batch keys join one Batch (up to
-    ``max_rows`` rows), the others stay lone calls."""
+def group_calls(selected: list[Any], batching: Batching, max_rows: int) -> list[Any]:
+    """Entries (each with a pending plan) in order; those with equal batch keys that may share a call
+    (``may_share``) join one Batch (up to ``max_rows`` rows), the others stay lone calls."""
     calls: list[Any] = []
     open_at: dict[Any, int] = {}  # batch key -> index in calls of the call still taking rows
     for entry in selected:
         plan = entry.pending
         assert isinstance(plan, WorkPlan), "only entries with a pending WorkPlan are grouped"
-        key = plan.batch_key if batching else None
+        key = plan.batch_key if may_share(plan, batching) else None
         at = open_at.get(key) if key is not None else None
         if at is not None:
             call = calls[at]
             if not isinstance(call, Batch):  # a second plan joins: the lone entry becomes a batch
-                call = calls[at] = Batch([call], [call.pending], call.pending.batch_size)
+                call = calls[at] = Batch(
+                    [call], [call.pending], call.pending.batch_size, invariant=batching == "invariant"
+                )
             if call.rows + plan.batch_size <= max_rows:
                 call.entries.append(entry)
                 call.plans.append(plan)

@@ -50,6 +50,7 @@ from fv_core.loop.contracts import Loop, LoopResult, LoopState, Profile, StreamE
 from fv_core.loop.observers import Profiler
 from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Budget
+from fv_core.runtime.batching import Batching
 from fv_core.runtime.cost import CostModel
 from fv_core.runtime.memory import device_memory_bytes
 from fv_core.runtime.policy import Decisions, SchedulingPolicy
@@ -131,7 +132,7 @@ class Engine:
         """Price plans of ``loop_id`` that carry no cost_s by a LoopSpec step cost model."""
         self.cost.register(loop_id, step_cost)
 
-    def scheduler(self, batching: bool) -> Scheduler:
+    def scheduler(self, batching: Batching) -> Scheduler:
         """A scheduler sharing this engine's context, budget, cost model and event sink."""
         config = SchedulerConfig(batching, self.max_batch_rows, self.max_units_per_tick, policy=self.policy)
         sched = Scheduler(self.ctx, self.admission, self.cost, config, self.on_event)
@@ -173,7 +174,7 @@ class Engine:
         return future
 
     def _drive(
-        self, items: Sequence[WorkItem], batching: bool, state: LoopState | None = None
+        self, items: Sequence[WorkItem], batching: Batching, state: LoopState | None = None
     ) -> list[Entry]:
         """Submit items as the queue allows and tick until all finish."""
         sched = self.scheduler(batching)

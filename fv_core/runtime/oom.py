@@ -86,7 +86,7 @@ def run_rows(
     if todo:
         left, rids = [plans[i] for i in todo], [request_ids[i] for i in todo]
         try:
-            ran: list[StepResult | BaseException] = list(run_batch(left, profile))
+            ran: list[StepResult | BaseException] = list(run_batch(left, profile, batch.invariant))
         except OOM_ERRORS as exc:
             if len(left) == 1:
                 ran = [out_of_memory(rids[0], left[0], 1, budget_bytes, exc)]

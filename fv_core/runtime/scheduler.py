@@ -39,7 +39,7 @@ from fv_core.loop.contracts import Done, Loop, LoopResult, LoopState, StepResult
 from fv_core.loop.runner import ActiveLoop, LoopRunner, check_params, run_plan
 from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Estimate, Reservation
-from fv_core.runtime.batching import Batch, Outcome, group_calls, measured_s
+from fv_core.runtime.batching import Batch, Batching, Outcome, group_calls, may_share, measured_s
 from fv_core.runtime.cost import CostModel, calibration_key, curve_key
 from fv_core.runtime.memory import measure_peak
 from fv_core.runtime.oom import OOM_ERRORS, cap_rows, out_of_memory, run_rows
@@ -62,7 +62,7 @@ def settle(future: Future, fn: Callable[..., Any], *args: Any) -> None:
 class SchedulerConfig:
     """Knobs of one scheduler."""
 
-    batching: bool = True  # run plans with equal batch keys as one call
+    batching: Batching = True  # which plans with equal batch keys run as one call (see batching.py)
     max_batch_rows: int = 8  # rows per batched call
     max_units_per_tick: int = 0  # WorkUnits per tick; 0: one per running request
     open_loop_steps: int = 256  # steps budgeted for a loop whose total_steps is None
@@ -326,7 +326,8 @@ class Scheduler:
         if len(call) == 1:
             return lead
         plans = [c.entry.pending for c in call]
-        return Batch([c.entry for c in call], plans, sum(p.batch_size for p in plans))
+        invariant = self.config.batching == "invariant"
+        return Batch([c.entry for c in call], plans, sum(p.batch_size for p in plans), invariant)
 
     def _candidate(self, entry: Entry) -> Candidate:
         state, plan, policy = entry.active_loop.state, entry.pending, self.config.policy
@@ -339,7 +340,7 @@ class Scheduler:
                 prog.name, [s.name for s in prog.stages[entry.stage + 1 :]], entry.instance
             )
         due = policy.due(entry.arrived, entry.served_s + left, left, entry.started)  # solo: done + left
-        key = curve_key(state, plan)
+        key = curve_key(state, plan) if may_share(plan, self.config.batching) else None
         return Candidate(entry, key, plan.batch_size, step_s, left, due, entry.seq, entry.deadline)
 
     def _price(self, call: Call) -> Priced:

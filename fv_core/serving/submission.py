@@ -57,7 +57,9 @@ class Jobs:
         budget = Budget(max_running=limits.max_running, max_waiting=limits.max_queue)
         self.engine = AsyncEngine(
             Engine(budget, device=device, scheduling=deploy.scheduling),
-            batching=deploy.determinism == "batched",
+            # bitwise: only batch-invariant steps share a call (WorkPlan.invariant_body), so a request's
+            # bytes never depend on what it ran with
+            batching=True if deploy.determinism == "batched" else "invariant",
             freeze_heap=True,  # models load before the engine starts: their objects leave GC scans
         )
         metrics.watch_engine(self.engine.engine)
