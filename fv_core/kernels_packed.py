@@ -57,6 +57,9 @@ def packed_segments(
     return torch.cat(outs, 2)
 
 
+packed_segments.row_exact = True  # type: ignore[attr-defined]  # each segment's output is the request's alone
+
+
 def packed_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,

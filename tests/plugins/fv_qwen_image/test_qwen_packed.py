@@ -111,3 +111,54 @@ def test_packed_body_equals_each_request_alone(packed_model, variant):
     assert not torch.equal(
         packed[:, : lat[0].shape[1]], alone[1][:, : lat[0].shape[1]]
     )  # not the neighbour's
+
+
+def test_the_exact_packed_body_is_bit_for_bit_each_request_alone(packed_model):
+    """The plans' invariant body (determinism: bitwise packs through it): the linears per request make the
+    segments kernel's packed forward bit for bit each request alone, where the one-call linears differ."""
+    from fv_qwen_image.transformer import qwen_forward, qwen_forward_packed
+
+    dit = packed_model.instance.component("transformer")
+    grids, text_lens = [(1, 2, 2), (1, 2, 4), (1, 3, 1), (1, 1, 1)], [3, 9, 2, 6]
+    gen = torch.Generator().manual_seed(1)
+    lat = [torch.randn(1, g[1] * g[2], 64, generator=gen) for g in grids]
+    txt = [torch.randn(1, n, dit.config.joint_attention_dim, generator=gen) for n in text_lens]
+    t, lens = torch.tensor([0.9, 0.4, 0.7, 0.1]), [x.shape[1] for x in lat]
+    with torch.no_grad():
+        alone = [
+            qwen_forward(dit, x, t[i : i + 1], y, g)
+            for i, (x, y, g) in enumerate(zip(lat, txt, grids, strict=True))
+        ]
+        packed = {
+            exact: qwen_forward_packed(
+                dit, torch.cat(lat, 1), t, torch.cat(txt, 1), grids, lens, text_lens,
+                kernels_packed.packed_segments, exact,
+            ).split(lens, 1)
+            for exact in (True, False)
+        }  # fmt: skip
+    assert all(torch.equal(part, ref) for part, ref in zip(packed[True], alone, strict=True))
+    assert not all(torch.equal(part, ref) for part, ref in zip(packed[False], alone, strict=True))
+
+
+def test_only_a_row_exact_kernel_gives_the_plans_an_invariant_body(packed_model, qwen_host, tiny_path):
+    def denoise_plan(model):
+        loop = model.loop("t2i")
+        state = loop.init(model.prepare({**ASKS[0], "num_inference_steps": 2}))
+        for row in state.values["rows"]:  # the prompt rows as the encoder would leave them
+            state.tensors[row] = torch.zeros(
+                1, 3, model.instance.config("transformer/config.json")["joint_attention_dim"]
+            )
+        return loop.next(state)
+
+    assert denoise_plan(packed_model).invariant_body is not None
+    deploy = parse_deploy(
+        {
+            "plugins": ["fv-qwen-image"],
+            "models": [
+                {"card": "qwen-image-tiny", "weights": tiny_path, "kernels": {"packed_attention": "sdpa"}}
+            ],
+        }
+    )
+    masked = fv_core.load("qwen-image-tiny", deploy=deploy, host=qwen_host)
+    plan = denoise_plan(masked)
+    assert plan.packed and plan.invariant_body is None

@@ -42,14 +42,15 @@ def text_mask(lengths: torch.Tensor, padded: int) -> torch.Tensor | None:
     return torch.arange(padded, device=lengths.device)[None] < lengths[:, None]
 
 
-def denoise_body(transformer, inputs: dict[str, Any], packed=None) -> dict[str, Any]:
+def denoise_body(transformer, inputs: dict[str, Any], packed=None, exact: bool = False) -> dict[str, Any]:
     """Flow velocity of packed ``latents`` [B, tokens, C] at ``timestep`` [B] (0..1) under ``text``;
     with ``neg_text``, one forward per true-CFG branch. Rows of other prompt lengths come zero-padded
     (``<name>_len``: each row's own length). ``inputs[BLOCKS_INPUT]``: the request's block hook when a
     block interceptor is on (else None). A packed call (``inputs[SEGMENTS]``, requests of any size as
-    one sequence) runs on the ``packed`` attention kernel: :func:`packed_denoise_body`."""
+    one sequence) runs on the ``packed`` attention kernel: :func:`packed_denoise_body` (``exact``: each
+    request's rows bit for bit alone)."""
     if SEGMENTS in inputs:
-        return packed_denoise_body(transformer, inputs, packed)
+        return packed_denoise_body(transformer, inputs, packed, exact)
     latents, t, grid, hook = inputs["latents"], inputs["timestep"], inputs["grid"], inputs.get(BLOCKS_INPUT)
 
     def forward(text: str, branch: str) -> torch.Tensor:
@@ -62,7 +63,7 @@ def denoise_body(transformer, inputs: dict[str, Any], packed=None) -> dict[str, 
     return {"velocity": forward("text", "main")}
 
 
-def packed_denoise_body(transformer, inputs: dict[str, Any], kernel) -> dict[str, Any]:
+def packed_denoise_body(transformer, inputs: dict[str, Any], kernel, exact: bool = False) -> dict[str, Any]:
     """:func:`denoise_body` of requests packed as one sequence: ``latents`` [1, sum tokens, C], ``text``
     (and ``neg_text``) [1, sum prompt tokens, dim], ``timestep`` [N], ``grid`` one per request, their
     lengths in ``inputs[SEGMENTS]``. With block hooks (interceptors), each request runs apart with its
@@ -75,7 +76,15 @@ def packed_denoise_body(transformer, inputs: dict[str, Any], kernel) -> dict[str
         if hooks is None:
             lens = list(seg[text])
             out[branch] = qwen_forward_packed(
-                transformer, inputs["latents"], t, inputs[text], inputs["grid"], image_lens, lens, kernel
+                transformer,
+                inputs["latents"],
+                t,
+                inputs[text],
+                inputs["grid"],
+                image_lens,
+                lens,
+                kernel,
+                exact,
             )
             continue
         parts = zip(

@@ -143,7 +143,7 @@ def build(row: Row) -> ModelCard:
         accepts=["image"] if task.images else [],
         requires=["image"] if task.one_image else [],
     )
-    # LoRA files as diffusers reads them for Qwen-Image, per request, on the transformer (text to image)
+    # LoRA files as diffusers reads them for Qwen-Image (and its edit pipelines), per request, on the transformer
     lora = "diffusers.loaders.lora_pipeline:QwenImageLoraLoaderMixin"
     return ModelCard(
         model_id=row.id,
@@ -163,11 +163,10 @@ def build(row: Row) -> ModelCard:
             method="base", description="Qwen-Image flow-matching pretraining", assumes_loop=task.name
         ),
         pipeline=row.pipeline,
-        adapters=None if task.images else AdapterContract(loader=lora, components=["transformer"]),
+        adapters=AdapterContract(loader=lora, components=["transformer"]),
         parity=ParitySpec(level="C1", reference=f"diffusers:{row.pipeline}", tolerances={"frames": 1e-5}),
-        # a deploy's packed_attention kernel packs requests of different sizes into one step (text to image;
-        # the edit loops batch equal sizes only)
-        accepts_kernels={"attention": ["sdpa"], **({} if task.images else {"packed_attention": ["*"]})},
+        # a deploy's packed_attention kernel packs requests of different sizes into one step
+        accepts_kernels={"attention": ["sdpa"], "packed_attention": ["*"]},
         capabilities=CapabilityMatrix(
             interceptors={"step_skip", "block_skip"}, max_resolution=row.max_resolution
         ),

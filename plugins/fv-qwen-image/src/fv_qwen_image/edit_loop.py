@@ -22,25 +22,22 @@ import torch
 from fv_core import ConfigError
 from fv_core.adapters import adapter_tag
 from fv_core.cache import CacheKey
-from fv_core.extend import BLOCKS_INPUT
 from fv_core.loop import (
     LoopResult,
     LoopState,
     StepResult,
     WorkPlan,
     WorkUnitKind,
-    batch_key,
     pinned,
     pinned_module,
     pinned_state,
 )
 from fv_core.request import NoiseDraws
-from fv_qwen_image.bodies import pack, text_mask
+from fv_qwen_image.bodies import pack
 from fv_qwen_image.edit_params import CONDITION_AREA, MAX_IMAGES, TARGET_AREA, area_size
 from fv_qwen_image.params import cfg_on, vae_scale
 from fv_qwen_image.t2i_loop import QwenImageLoop, schedule
 from fv_qwen_image.text_cache import ROWS
-from fv_qwen_image.transformer import Prepared, finish, run_blocks
 from fv_qwen_image.vl_encoder import edit_text, vl_encode_body
 
 
@@ -194,32 +191,13 @@ class QwenImageEditLoop(QwenImageLoop):
             )
         return super().next(state)
 
-    def _denoise_plan(self, state: LoopState, precision: str) -> WorkPlan:
-        inst, t, v = self.instance, state.tensors, state.values
-        i, grids = state.step, tuple(v["grids"])
+    def _image_stream(self, state: LoopState) -> tuple[torch.Tensor, Any]:
+        """The noise latents, then each input image's packed latents; the grid of each part."""
+        t, v = state.tensors, state.values
         if "ref" not in t:  # the images' packed latents, in order
             ref = torch.cat([pack(t[f"latent.{k}"].transpose(1, 2)) for k in range(v["images"])], 1)
-            t["ref"] = ref.to(inst.device, inst.dtype)
-        inputs: dict[str, Any] = {
-            "latents": t["latents"],
-            "ref": t["ref"],
-            "timestep": (t["timesteps"][i : i + 1] / 1000).to(inst.device, inst.dtype),
-            "grids": grids,
-            BLOCKS_INPUT: None,  # block-structured body: the runner may attach a block hook here
-        }
-        for row in v["rows"]:  # prompts of other lengths batch zero-padded, each row masked to its own
-            inputs[row], inputs[f"{row}_len"] = t[row], torch.tensor([t[row].shape[1]])
-        return WorkPlan(
-            kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(edit_denoise_body, inst.component("transformer", pinned(state, "transformer"))),
-            inputs=inputs,
-            batch_key=batch_key(
-                inst, state, "transformer", "diffusion_denoise", (grids, tuple(v["rows"])), precision
-            ),
-            ragged={row: 1 for row in v["rows"]},
-            cost_s=self._cost(state),
-            label=f"denoise {i + 1}/{v['steps']}",
-        )
+            t["ref"] = ref.to(self.instance.device, self.instance.dtype)
+        return torch.cat([t["latents"], t["ref"].to(t["latents"].dtype)], 1), tuple(v["grids"])
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
         phase = self._phase(state)
@@ -260,38 +238,3 @@ def vae_encode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
     mean = torch.tensor(c.latents_mean).view(1, c.z_dim, 1, 1, 1).to(z.device, z.dtype)
     std = torch.tensor(c.latents_std).view(1, c.z_dim, 1, 1, 1).to(z.device, z.dtype)
     return {"latents": (z - mean) / std}
-
-
-def edit_denoise_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Flow velocity of the noise ``latents`` [B, N, C] with the images' packed ``ref`` latents after them
-    in the image stream (``grids``: the (frames, rows, columns) of each), under ``text`` (and
-    ``neg_text``: one forward per true-CFG branch); only the first N tokens' velocity is kept."""
-    latents, hook = inputs["latents"], inputs.get(BLOCKS_INPUT)
-    hidden, n = torch.cat([latents, inputs["ref"].to(latents.dtype)], 1), latents.shape[1]
-
-    def forward(text: str, branch: str) -> torch.Tensor:
-        embeds = inputs[text]
-        mask = text_mask(inputs[f"{text}_len"].to(embeds.device), embeds.shape[1])
-        prep = prepare_edit(transformer, hidden, inputs["timestep"], embeds, inputs["grids"], mask)
-        return finish(transformer, prep, run_blocks(transformer, prep, hook, branch))[:, :n]
-
-    if "neg_text" in inputs:
-        return {"cond": forward("text", "cond"), "uncond": forward("neg_text", "uncond")}
-    return {"velocity": forward("text", "main")}
-
-
-def prepare_edit(
-    model,
-    hidden: torch.Tensor,
-    timestep: torch.Tensor,
-    text: torch.Tensor,
-    grids: tuple,
-    mask: torch.Tensor | None,
-) -> Prepared:
-    """``transformer.prepare`` over several image grids: the noise's, then each input image's (rope
-    frame index 0, 1, ..., as the model's ``img_shapes=[[noise, image, ...]]``)."""
-    image = model.img_in(hidden)
-    context = model.txt_in(model.txt_norm(text))
-    temb = model.time_text_embed(timestep.to(image.dtype), image)
-    rotary = model.pos_embed([list(grids)], max_txt_seq_len=text.shape[1], device=image.device)
-    return Prepared(torch.cat([context, image], 1), text.shape[1], temb, rotary, mask)

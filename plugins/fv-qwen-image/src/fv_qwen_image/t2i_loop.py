@@ -8,7 +8,8 @@ plans of different requests: same image size, true CFG on or off, same pinned we
 masked, as diffusers masks a padded batch). When the deploy selects a ``packed_attention`` kernel,
 denoise steps take the packed form instead: requests of any size and prompt length share one call as
 one sequence (:func:`fv_qwen_image.transformer.qwen_forward_packed`), within the card's tolerance of
-each alone (not bit for bit: ``determinism: bitwise`` runs requests apart). True CFG's
+each alone; with the ``segments`` kernel, ``determinism: bitwise`` packs them too, bit for bit each alone
+(``WorkPlan.invariant_body``: the linears per request). True CFG's
 combine, its norm rescale and the Euler update run per request in ``advance``.
 """
 
@@ -151,25 +152,28 @@ class QwenImageLoop:
 
     def _denoise_plan(self, state: LoopState, precision: str) -> WorkPlan:
         inst, t, v = self.instance, state.tensors, state.values
-        i, (h, w) = state.step, v["size"]
+        i = state.step
         timestep = (t["timesteps"][i : i + 1] / 1000).to(inst.device, inst.dtype)
+        image, grid = self._image_stream(state)
         inputs: dict[str, Any] = {
-            "latents": t["latents"],
+            "latents": image,
             "timestep": timestep,
-            "grid": (1, h // 2, w // 2),
+            "grid": grid,
             BLOCKS_INPUT: None,  # block-structured body: the runner may attach a block hook here
         }
         for row in v["rows"]:  # prompts of other lengths batch zero-padded, each row masked to its own
             inputs[row], inputs[f"{row}_len"] = t[row], torch.tensor([t[row].shape[1]])
-        tokens = t["latents"].shape[1]
         kernel = self._packed_kernel(state)
         packed = {name: 1 for name in ("latents", *v["rows"])} | {"grid": 0} if kernel is not None else {}
-        shape = ("packed",) if packed else (tokens, h, w)  # packed: requests of any size share a step
+        shape = ("packed",) if packed else (image.shape[1], grid)  # packed: requests of any size share a step
+        transformer = inst.component("transformer", pinned(state, "transformer"))
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(
-                denoise_body, inst.component("transformer", pinned(state, "transformer")), packed=kernel
-            ),
+            body=partial(denoise_body, transformer, packed=kernel),
+            # determinism: bitwise packs too where the kernel's segments are each exactly a request alone
+            invariant_body=partial(denoise_body, transformer, packed=kernel, exact=True)
+            if getattr(kernel, "row_exact", False)
+            else None,
             inputs=inputs,
             batch_key=batch_key(
                 inst, state, "transformer", "diffusion_denoise", (*shape, tuple(v["rows"])), precision
@@ -180,6 +184,11 @@ class QwenImageLoop:
             cost_s=self._cost(state),
             label=f"denoise {i + 1}/{v['steps']}",
         )
+
+    def _image_stream(self, state: LoopState) -> tuple[torch.Tensor, Any]:
+        """The transformer's image stream [1, tokens, C] and its grid: the noise latents alone here."""
+        h, w = state.values["size"]
+        return state.tensors["latents"], (1, h // 2, w // 2)
 
     def _packed_kernel(self, state: LoopState):
         """The deploy's packed_attention kernel when this request may be packed (requests with adapters
@@ -193,10 +202,11 @@ class QwenImageLoop:
             row = next(r for r in state.values["rows"] if r not in t)
             put_row(self.instance, state, row, out["embeds"])
         elif phase == "denoise":
+            n = t["latents"].shape[1]  # the noise tokens' velocity (an edit's image stream goes on)
             velocity = (
-                out["velocity"]
+                out["velocity"][:, :n]
                 if "velocity" in out
-                else true_cfg(out["cond"], out["uncond"], state.values["scale"])
+                else true_cfg(out["cond"][:, :n], out["uncond"][:, :n], state.values["scale"])
             )
             i = state.step
             dt = t["sigmas"][i + 1] - t["sigmas"][i]  # float32, as the scheduler's step

@@ -32,21 +32,32 @@ class Prepared:
     mask: torch.Tensor | None = None  # [B, L] bool, True on each row's own text (None: every position)
 
 
+# (frames, rows, columns) of the patched latents; an edit's image stream is several: the noise's, then
+# each input image's, laid end to end (rope frame index 0, 1, ...: the model's img_shapes=[[noise, image, ...]])
+Grid = tuple[int, int, int] | tuple[tuple[int, int, int], ...]
+
+
+def grid_list(grid: Grid) -> list:
+    """``grid`` as the list of part shapes the model's rope takes for one sample."""
+    return list(grid) if isinstance(grid[0], tuple | list) else [grid]
+
+
 def prepare(
     model,
     latents: torch.Tensor,
     timestep: torch.Tensor,
     text: torch.Tensor,
-    grid: tuple[int, int, int],
+    grid: Grid,
     mask: torch.Tensor | None = None,
 ) -> Prepared:
     """``latents`` [B, tokens, C] packed, ``timestep`` [B] in 0..1, ``text`` [B, L, text_dim] (``mask``
-    [B, L] bool: the valid positions; None: all), ``grid`` (frames, height, width) of the patched latents."""
+    [B, L] bool: the valid positions; None: all), ``grid`` (frames, height, width) of the patched latents
+    (or one per part of the image stream: see :data:`Grid`)."""
     image = model.img_in(latents)
     timestep = timestep.to(image.dtype)
     context = model.txt_in(model.txt_norm(text))
     temb = model.time_text_embed(timestep, image)
-    rotary = model.pos_embed([grid], max_txt_seq_len=text.shape[1], device=image.device)
+    rotary = model.pos_embed([grid_list(grid)], max_txt_seq_len=text.shape[1], device=image.device)
     return Prepared(torch.cat([context, image], 1), text.shape[1], temb, rotary, mask)
 
 
@@ -83,7 +94,7 @@ def qwen_forward(
     latents: torch.Tensor,
     timestep: torch.Tensor,
     text: torch.Tensor,
-    grid: tuple[int, int, int],
+    grid: Grid,
     hook: BlockHook | BlockHooks | None = None,
     branch: str = "main",
     mask: torch.Tensor | None = None,
@@ -112,9 +123,22 @@ class Packed:
     inverse: torch.Tensor  # the segment-order index of each seam position
     cu_seqlens: torch.Tensor  # segment boundaries [N + 1] in segment order
     kernel: Callable[..., torch.Tensor]  # a packed_attention kernel (fv_core.kernels_packed signature)
+    exact: bool = False  # every linear on each request's rows alone (bit for bit alone; see by_request)
 
 
-def prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel) -> Packed:
+def by_request(layer, x: torch.Tensor, lengths: tuple[int, ...], exact: bool) -> torch.Tensor:
+    """``layer`` (a linear, or an MLP of linears and elementwise ops) over packed rows ``x`` [1, tokens,
+    dim]. A matmul's rows are not invariant to the row count on CPU (BLAS picks another kernel, or splits
+    the reduction, for few rows: a prompt's ~10 text tokens differ by ~3e-7 once joined), so ``exact`` runs
+    each request's rows alone, as a call of that request alone has them; else one call of all."""
+    if not exact or len(lengths) == 1:
+        return layer(x)
+    return torch.cat([layer(part) for part in x.split(list(lengths), 1)], 1)
+
+
+def prepare_packed(
+    model, latents, timestep, text, grids, image_lens, text_lens, kernel, exact=True
+) -> Packed:
     """Each request's input projections, timestep embedding and rope exactly as alone (``latents``
     [1, sum image tokens, C], ``timestep`` [N], ``text`` [1, sum text tokens, text_dim], ``grids`` one per
     request), laid end to end. A kernel that ``pads`` (the ``padded`` variant: padded batching, for
@@ -126,7 +150,9 @@ def prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens,
         images.append(image)
         contexts.append(model.txt_in(model.txt_norm(txt)))
         temb.append(model.time_text_embed(timestep[i : i + 1].to(image.dtype), image))
-        img_f, txt_f = model.pos_embed([grids[i]], max_txt_seq_len=txt.shape[1], device=image.device)
+        img_f, txt_f = model.pos_embed(
+            [grid_list(grids[i])], max_txt_seq_len=txt.shape[1], device=image.device
+        )
         img_freqs.append(img_f)
         txt_freqs.append(txt_f)
     if getattr(kernel, "pads", False):
@@ -151,6 +177,7 @@ def prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens,
         torch.argsort(order),
         cu,
         kernel,
+        exact,
     )
 
 
@@ -190,9 +217,14 @@ def packed_attention(attn, image: torch.Tensor, context: torch.Tensor, pack: Pac
     from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
 
     head_dim = attn.inner_dim // attn.heads
-    iq, ik, iv = (f(image).unflatten(-1, (-1, head_dim)) for f in (attn.to_q, attn.to_k, attn.to_v))
+    images, texts, exact = pack.image, pack.text, pack.exact
+    iq, ik, iv = (
+        by_request(f, image, images, exact).unflatten(-1, (-1, head_dim))
+        for f in (attn.to_q, attn.to_k, attn.to_v)
+    )
     tq, tk, tv = (
-        f(context).unflatten(-1, (-1, head_dim)) for f in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
+        by_request(f, context, texts, exact).unflatten(-1, (-1, head_dim))
+        for f in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
     )
     iq, ik = attn.norm_q(iq), attn.norm_k(ik)
     tq, tk = attn.norm_added_q(tq), attn.norm_added_k(tk)
@@ -206,10 +238,10 @@ def packed_attention(attn, image: torch.Tensor, context: torch.Tensor, pack: Pac
     out = pack.kernel(*joint, pack.cu_seqlens).transpose(1, 2).index_select(1, pack.inverse)
     out = out.flatten(2, 3).to(joint[0].dtype)
     split = context.shape[1]
-    image_out = attn.to_out[0](out[:, split:].contiguous())
+    image_out = by_request(attn.to_out[0], out[:, split:].contiguous(), images, exact)
     if len(attn.to_out) > 1:
         image_out = attn.to_out[1](image_out)
-    return image_out, attn.to_add_out(out[:, :split].contiguous())
+    return image_out, by_request(attn.to_add_out, out[:, :split].contiguous(), texts, exact)
 
 
 def packed_block(block, hidden: torch.Tensor, pack: Packed) -> torch.Tensor:
@@ -228,18 +260,28 @@ def packed_block(block, hidden: torch.Tensor, pack: Packed) -> torch.Tensor:
     img_attn, txt_attn = packed_attention(block.attn, img_in, txt_in, pack)
     image = image + i_gate * img_attn
     context = context + t_gate * txt_attn
-    image = image + i_gate2 * block.img_mlp(block.img_norm2(image) * (1 + i_scale2) + i_shift2)
-    context = context + t_gate2 * block.txt_mlp(block.txt_norm2(context) * (1 + t_scale2) + t_shift2)
+    img_mlp = by_request(
+        block.img_mlp, block.img_norm2(image) * (1 + i_scale2) + i_shift2, pack.image, pack.exact
+    )
+    txt_mlp = by_request(
+        block.txt_mlp, block.txt_norm2(context) * (1 + t_scale2) + t_shift2, pack.text, pack.exact
+    )
+    image = image + i_gate2 * img_mlp
+    context = context + t_gate2 * txt_mlp
     if image.dtype == torch.float16:
         context, image = context.clip(-65504, 65504), image.clip(-65504, 65504)
     return torch.cat([context, image], 1)
 
 
-def qwen_forward_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel) -> torch.Tensor:
+def qwen_forward_packed(
+    model, latents, timestep, text, grids, image_lens, text_lens, kernel, exact=False
+) -> torch.Tensor:
     """Flow velocity [1, sum image tokens, C] of requests packed as one sequence: each request's part
-    equals :func:`qwen_forward` of it alone (to float rounding; exactly where the kernel and the
-    matmuls are row-invariant). A kernel that pads: the same by padded batching (see :func:`prepare_packed`)."""
-    pack = prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel)
+    equals :func:`qwen_forward` of it alone to float rounding; bit for bit with ``exact`` and a kernel
+    whose segments are each exactly the request alone (``segments``): the linears then run per request
+    (:func:`by_request`), everything else (norms, modulation, rope, residuals) is row by row already. A
+    kernel that pads: the same by padded batching (see :func:`prepare_packed`)."""
+    pack = prepare_packed(model, latents, timestep, text, grids, image_lens, text_lens, kernel, exact)
     hidden = pack.hidden
     for block in model.transformer_blocks:
         hidden = packed_block(block, hidden, pack)
