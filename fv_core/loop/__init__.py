@@ -16,6 +16,7 @@ from fv_core.loop.contracts import (
     WorkPlan,
     WorkUnitKind,
 )
+from fv_core.loop.invariant import attention_rows_invariant, gemm_rows_invariant, per_row, rows_invariant
 from fv_core.loop.observers import BehaviorRecord, BehaviorRecorder, Profiler, StepRecord
 from fv_core.loop.pins import batch_key, pinned, pinned_module, pinned_state
 from fv_core.loop.runner import ActiveLoop, LoopRunner, run_plan
@@ -53,4 +54,8 @@ __all__ = [
     "load_state",
     "save_state",
     "run_plan",
+    "per_row",
+    "rows_invariant",
+    "gemm_rows_invariant",
+    "attention_rows_invariant",
 ]

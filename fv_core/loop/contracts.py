@@ -101,7 +101,7 @@ class WorkPlan:
 
     Batch invariance (``invariant_body``): the same step as ``body`` with each batched row's outputs bit
     for bit what ``body`` gives that plan alone, whatever shares the call (each row's reductions in a
-    fixed order: see ``fv_core.invariant``). Under ``determinism: bitwise`` plans batch only through it
+    fixed order: see ``fv_core.loop.invariant``). Under ``determinism: bitwise`` plans batch only through it
     (plans without one run alone); the other modes batch through ``body``. A loop sets it only where the
     equality is measured (tests assert it, and that ``body`` batched would differ where it does).
     """
