@@ -176,9 +176,10 @@ def plot(report: dict, path: Path) -> None:
     times = [t for t, _ in report["timeline"]]
     ax.plot(times, range(1, len(times) + 1), label="jobs finished")
     ax.axvline(report["killed_at_s"], color="red", linestyle="--", label="replica 0 killed")
-    ax.set(xlabel="seconds", ylabel="jobs finished", title=f"{report['jobs']} jobs, 2 replicas on PostgreSQL: "
-           f"{report['completed']} completed, {report['failed_server_restart']} server_restart, "
-           f"{report['lost']} lost")  # fmt: skip
+    ax.set(xlabel="seconds", ylabel="jobs finished")
+    ax.set_title(f"{report['jobs']} jobs, 2 replicas on PostgreSQL:\n{report['completed']} completed, "
+                 f"{report['failed_server_restart']} server_restart, {report['lost']} lost, "
+                 f"{report['run_twice']} run twice", fontsize=10)  # fmt: skip
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
