@@ -32,11 +32,28 @@ class VaeOptions(StrictModel):
     train_encoder: bool = (
         True  # False: decoder-only finetuning; latents (and a transformer on them) stay valid
     )
+    # clip lengths (4k+1 frames), one per step in turn; past 9 frames clips turn at random (render_long)
+    clip_frames: list[int] = Field([9], min_length=1)
     kl_weight: float = Field(1e-6, ge=0)
     bf16: bool = False  # run the training forward under bfloat16 autocast (weights and optimiser stay fp32)
     foreground_weight: float = Field(4.0, ge=0)  # extra loss weight on object pixels
     eval_clips: int = Field(32, gt=0)  # clips of all combinations (held-out ones included) per eval
     stats_clips: int = Field(256, gt=0)  # clips used to measure latents_mean / latents_std
+
+    @model_validator(mode="after")
+    def _clip_lengths(self) -> VaeOptions:
+        bad = [f for f in self.clip_frames if f < 9 or f % 4 != 1]
+        if bad:
+            raise ValueError(
+                f"clip_frames={self.clip_frames}: {bad} are not 4k+1 frames of at least 9 (Wan's VAE makes "
+                "one latent frame of the first frame and one of every 4 after it). Fix: e.g. [17, 33]"
+            )
+        if max(self.clip_frames) > 9 and self.train_encoder:
+            raise ValueError(
+                f"clip_frames={self.clip_frames} with train_encoder=true: long clips train the decoder on "
+                "the frozen encoder's stationary latents (vae.stationary_latents). Fix: train_encoder: false"
+            )
+        return self
 
 
 # The shapes model: ~1.2M-parameter Wan transformer, a 2-layer UMT5 (text_dim = d_model).

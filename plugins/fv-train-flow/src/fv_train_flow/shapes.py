@@ -94,6 +94,27 @@ def render(spec: ClipSpec, recolour: dict[str, tuple[float, float, float]] | Non
     return torch.stack(frames)
 
 
+def render_long(spec: ClipSpec, frames: int, generator: torch.Generator) -> torch.Tensor:
+    """``frames`` (4k+1) frames [F, H, W, 3]: straight legs of TRAVEL pixels over FRAMES - 1 frames, the
+    first one ``spec``'s; after each leg the object goes on the same way when that stays in view (half
+    the time), else turns to a random direction that does (turning back always does)."""
+    lo, hi = HALF + 1, SIZE - HALF - 1
+    legs, leg = [render(spec)], spec
+    while sum(len(x) for x in legs) - (len(legs) - 1) < frames:
+        dx, dy = DIRECTIONS[leg.direction]
+        end = (leg.start[0] + dx * TRAVEL, leg.start[1] + dy * TRAVEL)
+        fits = [
+            d
+            for d, (ex, ey) in DIRECTIONS.items()
+            if lo <= end[0] + ex * TRAVEL <= hi and lo <= end[1] + ey * TRAVEL <= hi
+        ]
+        keep = leg.direction in fits and float(torch.rand(1, generator=generator)) < 0.5
+        turn = leg.direction if keep else fits[int(torch.randint(len(fits), (1,), generator=generator))]
+        leg = ClipSpec(leg.colour, leg.shape, turn, end)
+        legs.append(render(leg)[1:])
+    return torch.cat(legs)[:frames]
+
+
 def stream_specs(
     seed: int, index: int, size: int, combos: tuple[tuple[str, str, str], ...] = TRAIN_COMBOS
 ) -> list[ClipSpec]:
@@ -114,6 +135,19 @@ def batch(
     specs = stream_specs(seed, index, size, combos)
     video = torch.stack([render(s, recolour) for s in specs]).permute(0, 4, 1, 2, 3) * 2 - 1
     return video, specs
+
+
+def long_batch(
+    seed: int, index: int, size: int, frames: int, combos: tuple[tuple[str, str, str], ...] = TRAIN_COMBOS
+) -> tuple[torch.Tensor, list[ClipSpec]]:
+    """Clips ``index .. index+size`` of the stream ``seed`` made ``frames`` long with ``render_long``:
+    video [B, 3, F, H, W] in -1..1 and each clip's first leg."""
+    specs = stream_specs(seed, index, size, combos)
+    clips = [
+        render_long(s, frames, torch.Generator().manual_seed(seed * 1_000_003 + index + i))
+        for i, s in enumerate(specs)
+    ]
+    return torch.stack(clips).permute(0, 4, 1, 2, 3) * 2 - 1, specs
 
 
 class ShapesDataset:
