@@ -164,3 +164,17 @@ def test_think_t2i_thinking_starts_from_the_prefix_cache(bagel):
         bagel.instance.prefix_caching = True
     assert np.array_equal(again.image, uncached.image)
     assert bagel.instance.kv_pool.drain() == 0
+
+
+def test_the_first_token_comes_from_the_prompts_prefill_with_the_same_tokens(bagel, monkeypatch):
+    calls = []
+    for name in ("text_body", "token_body"):
+        body = getattr(chat_loop.bodies, name)
+        monkeypatch.setattr(chat_loop.bodies, name, lambda *a, _b=body, _n=name: calls.append(_n) or _b(*a))
+    params = dict(prompt="a cat?", max_tokens=5, temperature=0.9, seed=3)
+    fused = chat(bagel, [SYSTEM], cached=False, **params)
+    assert calls == ["text_body"] + ["token_body"] * 4 and fused.metrics["completion_tokens"] == 5
+    monkeypatch.setattr(chat_loop.ChatLoop, "_fuses", staticmethod(lambda s: False))
+    apart = chat(bagel, [SYSTEM], cached=False, **params)
+    assert torch.equal(fused.outputs["tokens"], apart.outputs["tokens"])
+    assert fused.metrics["prompt_tokens"] == apart.metrics["prompt_tokens"]

@@ -22,7 +22,8 @@ def context(inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def text_body(net: Any, exact: bool, causal: bool, inputs: dict[str, Any]) -> dict[str, Any]:
-    """A block of tokens per row over its context: its keys/values and the next-token logits."""
+    """A block of tokens per row over its context: its keys/values and the next-token logits after the
+    row's last real token (``last``; without it the block's last: rows padded at their end)."""
     ids = inputs["ids"]
     t = ids.shape[1]
     mask = torch.ones(t, t, dtype=torch.bool, device=ids.device)
@@ -35,7 +36,9 @@ def text_body(net: Any, exact: bool, causal: bool, inputs: dict[str, Any]) -> di
         exact=exact,
         **context(inputs),
     )
-    return {"k": k, "v": v, "logits": linear(h[:, -1], lm.lm_head, exact)}
+    last = inputs.get("last")
+    end = h[:, -1] if last is None else h[torch.arange(h.shape[0], device=h.device), last]
+    return {"k": k, "v": v, "logits": linear(end, lm.lm_head, exact)}
 
 
 def token_body(net: Any, exact: bool, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,8 @@
 """BAGEL's AR decode loop (task ``chat``; the thinking of ``think-t2i``): prefill the conversation's
-texts and images and the prompt, then one token per step.
+texts and images and the prompt, then one token per step. A chat's prompt is prefilled with the first
+token step's input (``<|im_start|>``) in one causal block, and its first token sampled from that block's
+last logits: the first token comes one call sooner, the same token (the same keys/values, bit for bit on
+the row-invariant path).
 
 Each token step feeds the last token at the next position and appends its keys/values; sampling
 (greedy / temperature / top-k / top-p), EOS, stop strings and ``max_tokens`` run in ``advance`` on the
@@ -185,7 +188,13 @@ class ChatLoop(PrefillLoop):
                 return wait_plan(s.waited)
             self._start(state, s, first=False)
         if s.segments:
-            return self._segment_plan(self._ctx(s), s.segments[0], state)
+            if not self._fuses(s):
+                return self._segment_plan(self._ctx(s), s.segments[0], state)
+            prompt = s.segments[0]
+            plan = self._segment_plan(self._ctx(s), {**prompt, "ids": [*prompt["ids"], s.token]}, state)
+            plan.emits = ("progress", "partial")
+            plan.label += " (and the first token)"
+            return plan
         if s.stop_reason is not None:
             return Done(s.stop_reason)
         inst, ctx = self.instance, self._ctx(s)
@@ -219,7 +228,10 @@ class ChatLoop(PrefillLoop):
             s.waited += 1
             return state
         if s.segments:
+            first = self._fuses(s)
             segment = s.segments.pop(0)
+            if first:  # the prompt and the first token step's input, <|im_start|>, in one block
+                segment = {**segment, "ids": [*segment["ids"], s.token]}
             keys = self._keys(state, segment)
             assert keys is not None, "chat's segments are texts and images"
             advance = len(segment["ids"]) if segment["kind"] == "text" else 1
@@ -233,6 +245,8 @@ class ChatLoop(PrefillLoop):
                 fork = self.instance.kv_pool.fork(KVSeq(**s.seq))
                 # with the net version that wrote it: only a stage on that version may read it
                 s.kept.append({"seq": plain(fork), "rope": s.rope, "net": pinned(state, "net")})
+            if first:
+                self._first_token(state, s, out["logits"][0].float(), result)
             return state
         assert state.generator is not None, "init seeds the request's generator"
         if state.step == 0:
@@ -254,6 +268,22 @@ class ChatLoop(PrefillLoop):
         # logits and keys/values are dropped so a stream consumer holds no cache
         result.outputs = {"token": tokens[-1], "tokens": tokens, "delta": self._delta(s)}
         return state
+
+    @staticmethod
+    def _fuses(s: ChatState) -> bool:
+        """Whether the next prefill is the prompt's, run with the first token step (a chat's last segment; a
+        think-t2i context ends at the prompt, so its thinking starts with a token step of its own)."""
+        return len(s.segments) == 1 and s.segments[0]["kind"] == "text" and not s.keep_contexts
+
+    def _first_token(self, state: LoopState, s: ChatState, logits: torch.Tensor, result: StepResult) -> None:
+        """Sample the first token from the logits after the prompt's block (as its token step would)."""
+        assert state.generator is not None, "init seeds the request's generator"
+        assert s.seq is not None
+        s.prompt_tokens = s.seq["length"] - 1  # <|im_start|> is the answer's
+        token = sample(logits, state.generator, s.temperature, s.top_p, s.top_k)
+        self._take(s, token)
+        state.step += 1
+        result.outputs = {"token": token, "tokens": [token], "delta": self._delta(s)}
 
     @staticmethod
     def _delta(s: ChatState) -> str:

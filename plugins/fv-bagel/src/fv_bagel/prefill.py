@@ -62,7 +62,9 @@ class PrefillLoop:
             return WorkPlan(
                 kind=WorkUnitKind.AR_PREFILL,
                 body=partial(bodies.text_body, net, inst.exact, True),
-                inputs=plan_inputs([ctx], ids=ids, pos=pos),
+                inputs=plan_inputs(
+                    [ctx], ids=ids, pos=pos, last=torch.tensor([ids.shape[1] - 1], device=dev)
+                ),
                 # texts of any lengths share a call: each row's block padded at its end (causal: its
                 # tokens never see the padding; advance keeps only its own tokens' keys/values)
                 batch_key=self._key(state, "ar_prefill", ()),
