@@ -41,7 +41,9 @@ class LoggedSync:
     seq: int  # its place in the fleet's order
     model: str  # served model name
     plan: str  # the WeightSyncPlan as JSON
-    path: Path  # the payload (safetensors)
+    path: (
+        Path  # the payload (safetensors) on this node; on a bucket, there once ``WeightLog.read`` fetched it
+    )
 
 
 def tensor_names(payload: bytes) -> dict[str, list[str]]:
@@ -172,7 +174,11 @@ class WeightLog:
         rows = self.db.execute(
             "SELECT seq, model, plan, file FROM weight_syncs WHERE seq > ? AND settled=1 ORDER BY seq", (seq,)
         ).fetchall()
-        return [LoggedSync(s, m, p, self._local(f)) for s, m, p, f in rows if m in models]
+        return [LoggedSync(s, m, p, self.folder / f) for s, m, p, f in rows if m in models]
+
+    def read(self, sync: LoggedSync) -> bytes:
+        """A logged sync's payload (on a bucket: downloaded once to this node; off the event loop)."""
+        return self._local(sync.path.name).read_bytes()
 
     def applied(self, model: str, seq: int) -> None:
         """Record that this replica has applied ``model``'s syncs up to ``seq`` (its earlier errors go)."""

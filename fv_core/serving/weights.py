@@ -182,7 +182,7 @@ class Weights(Jobs):
         while pending:
             sync = pending.pop(0)
             try:
-                payload = await asyncio.to_thread(sync.path.read_bytes)
+                payload = await asyncio.to_thread(self._weights.read, sync)
             except FileNotFoundError:  # compacted (this replica is starting): list the rest again
                 pending = self._weights.after(self._weights_seq, list(self.models))
                 if pending and pending[0].seq == sync.seq:  # still logged: its payload went missing

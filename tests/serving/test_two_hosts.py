@@ -118,3 +118,37 @@ def _run(a: subprocess.Popen, a_url: str, b_url: str, url: str) -> None:
     finally:
         a.kill()
         a.wait(10)
+
+
+def test_weight_syncs_reach_the_other_host_through_the_bucket(host, tmp_path, postgres, s3):
+    """Hosts with data dirs of their own: a push to one reaches the other, and one started later, as a
+    payload in the bucket; the log's compaction deletes it from the bucket."""
+    from fv_core.training import WeightSyncPlan, push_weights
+    from tests.serving.test_fleet_weight_sync import assert_holds, same_weights, shifted
+
+    deploy = tiny_deploy(tmp_path, max_running=1, max_steps=50).model_dump(mode="json")
+    deploy.update(store=postgres.database(), artifacts=f"s3://{s3.bucket}/weights-test")
+
+    def on(name: str):
+        return parse_deploy({**deploy, "data_dir": str(tmp_path / name)})
+
+    with ServerThread(on("a"), host, replica="a") as a, ServerThread(on("b"), host, replica="b") as b:
+        first = shifted(a, 1, keep=4)
+        assert (
+            push_weights(a.url, WeightSyncPlan(components=["transformer"], version="step-1"), first)[
+                "replicas_behind"
+            ]
+            == []
+        )
+        assert_holds(b, "step-1", first)
+        [logged] = a.service._weights.after(0, [TINY])
+        key, bucket = f"weights/{logged.path.name}", a.service.store.storage
+        with ServerThread(on("c"), host, replica="c") as c:  # started later, on a data dir of its own
+            assert_holds(c, "step-1", first)
+            assert same_weights(c, a)
+            assert (tmp_path / "c" / key).read_bytes() == bucket.read(key)  # c's copy, from the bucket
+            every = shifted(b, 2)  # every tensor: the first push compacts away, in the bucket too
+            push_weights(b.url, WeightSyncPlan(components=["transformer"], version="step-2"), every)
+            for server in (a, b, c):
+                assert_holds(server, "step-2", every)
+            assert not bucket.exists(key)
