@@ -45,7 +45,7 @@ def run(model, request, on_event=None):
 
 
 def reference(model, request) -> torch.Tensor:
-    """The request's latents by full recompute: the prompt's text keys/values from the loop, then
+    """The request's latents by full recompute: the prompt's text keys/values from the loop (unfolded), then
     ``recompute_generate`` on noise drawn as the loop draws it."""
     loop, p = model.loop("causal"), request.params
     with torch.inference_mode():
@@ -54,6 +54,8 @@ def reference(model, request) -> torch.Tensor:
             plan = loop.next(state)
             state = loop.advance(state, StepResult(plan.body(plan.inputs)))
         kv, shape = state.tensors["kv.transformer"][:1], state.tensors["noise"].shape
+        length = state.tensors["input_ids"].shape[1]  # the loop keeps them folded: whole, as Wan has them
+        kv = torch.cat([kv, kv[:, :, :, -1:].expand(-1, -1, -1, length - kv.shape[3], -1)], 3)
         loop.release(state)
         gen = torch.Generator().manual_seed(p.seed)
         noise = torch.randn(shape, generator=gen)

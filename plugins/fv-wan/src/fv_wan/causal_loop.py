@@ -160,8 +160,9 @@ class CausalWanLoop(WanLoop):
             return "init"  # WanLoop.init asks before this loop's init has set the chunks up
         if "text" not in t:
             return "encode"
-        if f"kv.{DIT}" not in t and not cached_kv(self.instance, state, DIT):
-            v["kv_for"] = DIT
+        fold = self.instance.parallel is None  # text keys/values kept folded (without the padding's repeats)
+        if f"kv.{DIT}" not in t and not cached_kv(self.instance, state, DIT, fold):
+            v.update(kv_for=DIT, kv_fold=fold)
             return "text_kv"
         if v["chunk"] >= v["chunks"]:
             return "done"
@@ -273,9 +274,9 @@ class CausalWanLoop(WanLoop):
         tpf = v["tokens_per_frame"]
         ctx = pool.gather([seq], context_frames(len(v["cache_frames"]), v["window"]) * tpf)
         cos, sin = frame_rope(transformer, v["offset"] + c * n, n, latents.shape[3], latents.shape[4])
-        kv = t[f"kv.{DIT}"][:1]
+        kv, held = t[f"kv.{DIT}"][:1], t.get(f"kv_rows.{DIT}")
         if t[f"kv.{DIT}"].shape[0] > 1:  # steering: blend the prompt's text keys/values into steer_from's
-            s = v["steer_strength"]
+            s = v["steer_strength"]  # (folded rows repeat their last position up to the longer one's)
             kv = (s * kv.float() + (1 - s) * t[f"kv.{DIT}"][1:2].float()).to(kv.dtype)
         room = max(len(v["cache_frames"]) + n - v["window"], 0) if write else -1
         inputs = {
@@ -288,8 +289,13 @@ class CausalWanLoop(WanLoop):
             **cache_layout(v["cache_frames"], n, v["sink"], tpf, ctx["ctx_k"].shape[3], room, pool.k.device),
             KV_INPUT: None,  # a KV policy may pick each layer's context and what leaves the cache
         }
+        kv_sig: tuple = tuple(kv.shape[1:])
+        if held is not None:  # folded: batches with other prompts' folds of any length, zero-padded
+            length = t["input_ids"].shape[1]
+            inputs.update(kv_rows=torch.tensor([kv.shape[3]]), kv_length=length)
+            kv_sig = (*kv.shape[1:3], kv.shape[4], length)
         precision = str(inst.dtype).removeprefix("torch.")
-        shape_sig = (tuple(latents.shape[1:]), tuple(kv.shape[1:]), int(ctx["ctx_k"].shape[3]))
+        shape_sig = (tuple(latents.shape[1:]), kv_sig, int(ctx["ctx_k"].shape[3]))
         cost = inst.card.loops[state.loop_id].step_cost
         tokens = cos.shape[1] + ctx["ctx_k"].shape[3]
         label = f"chunk {c + 1}/{v['chunks']} " + ("cache write" if write else f"step {s + 1}/{v['steps']}")
@@ -299,6 +305,7 @@ class CausalWanLoop(WanLoop):
             inputs=inputs,
             # denoise steps and cache writes are one body: either batches with the other
             batch_key=batch_key(inst, state, DIT, LoopKind.CHUNK_ROLLOUT.value, shape_sig, precision),
+            ragged={"kv": 3} if held is not None else {},
             cost_s=cost.base_s + cost.per_token_s * tokens,
             label=label,
         )

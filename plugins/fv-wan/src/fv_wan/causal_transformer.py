@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from fv_core import ConfigError
 from fv_core.extend import KV_INPUT
-from fv_wan.transformer import _modulation, cross_attention, finish, prepare
+from fv_wan.transformer import _modulation, block_cross_attention, finish, prepare
 
 
 def frame_rope(model, start: int, frames: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +84,7 @@ def causal_block(block, hidden: torch.Tensor, prep, index: int, ctx_k, ctx_v, ma
     attn, k, v = self_attention(block.attn1, norm, prep.rotary, ctx_k, ctx_v, mask, select)
     hidden = (hidden.float() + attn * gate).type_as(hidden)
     norm = block.norm2(hidden.float()).type_as(hidden)
-    hidden = hidden + cross_attention(block.attn2, norm, prep.kv[:, index])
+    hidden = hidden + block_cross_attention(block.attn2, norm, prep, index)
     norm = (block.norm3(hidden.float()) * (1 + c_scale) + c_shift).type_as(hidden)
     return (hidden.float() + block.ffn(norm).float() * c_gate).type_as(hidden), k, v
 
@@ -99,12 +99,15 @@ def causal_forward(
     ctx_v: torch.Tensor,
     mask: torch.Tensor,
     select: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
+    kv_rows: torch.Tensor | None = None,
+    kv_length: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Flow velocity of ``latents`` [B, C, F, H, W] at ``timestep`` ([B] or per token [B, tokens]) given
-    text keys/values ``kv``, the frames' ``rope`` and every block's cached keys/values ``ctx_k``/``ctx_v``
-    [B, blocks, H, S, D] under ``mask`` (or what ``select(index, q, ctx_k, ctx_v)`` keeps of them for
-    block ``index``: a KV policy); plus the tokens' own keys/values [B, blocks, H, T, D]."""
-    prep = prepare(model, latents, timestep, kv)
+    text keys/values ``kv`` (folded when ``kv_rows`` gives the positions each row holds of ``kv_length``:
+    see ``fv_wan.transformer``), the frames' ``rope`` and every block's cached keys/values
+    ``ctx_k``/``ctx_v`` [B, blocks, H, S, D] under ``mask`` (or what ``select(index, q, ctx_k, ctx_v)``
+    keeps of them for block ``index``: a KV policy); plus the tokens' own keys/values [B, blocks, H, T, D]."""
+    prep = prepare(model, latents, timestep, kv, kv_rows=kv_rows, kv_length=kv_length)
     prep.rotary = rope
     hidden, keys, values = prep.hidden, [], []
     for index, block in enumerate(model.blocks):
@@ -117,9 +120,10 @@ def causal_forward(
 
 def chunk_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
     """One pass of a chunk over its cached context (a denoise step, or the cache write of a clean chunk
-    at the context timestep): velocity and the chunk's keys/values. Rows are requests; each row's
-    context is padded to the batch's length with ``ctx_valid`` marking its real tokens. A KV policy
-    (``inputs[KV_INPUT]``) picks each layer's context; its statistics join the outputs."""
+        at the context timestep): velocity and the chunk's keys/values. Rows are requests; each row's
+        context is padded to the batch's length with ``ctx_valid`` marking its real tokens; text keys/values
+    come folded (``kv_rows``, ``kv_length``) from the loop, whole from training. A KV policy
+        (``inputs[KV_INPUT]``) picks each layer's context; its statistics join the outputs."""
     latents, valid = inputs["latents"], inputs["ctx_valid"]
     own = torch.ones(valid.shape[0], inputs["rope_cos"].shape[1], dtype=torch.bool, device=valid.device)
     mask = torch.cat([valid, own], 1)[:, None, None, :]
@@ -142,5 +146,7 @@ def chunk_body(transformer, inputs: dict[str, Any]) -> dict[str, Any]:
         inputs["ctx_v"],
         mask,
         select,
+        inputs.get("kv_rows"),
+        inputs.get("kv_length", 0),
     )
     return out if policy is None else {**out, **selector.outputs()}
