@@ -16,7 +16,7 @@ import torch
 import fv_core
 from fv_core import ConfigError, WeightsError
 from fv_core.plugins import load_plugins
-from fv_core.runtime import AsyncEngine, Engine, scheduler
+from fv_core.runtime import AsyncEngine, Engine, oom
 from fv_core.training import WeightSyncPlan, sync_weights
 from fv_core.training.sync import stage_sync
 from fv_wan.tiny import tiny_weights
@@ -119,13 +119,13 @@ def test_a_sync_mid_run_keeps_each_request_on_the_weights_it_started_with(
 def test_old_and_new_weights_never_share_a_batched_call(load, new_weights, old_ref, new_ref, monkeypatch):
     """Batched serving: two requests on the old weights batch together; one on the new never joins them."""
     calls: list[list[str]] = []  # the batch-key instances of each batched call
-    batch = scheduler.run_batch
+    batch = oom.run_batch  # batched calls run there (with the out-of-memory split)
 
     def spy(plans, profile):
         calls.append([p.batch_key.instance for p in plans])
         return batch(plans, profile)
 
-    monkeypatch.setattr(scheduler, "run_batch", spy)
+    monkeypatch.setattr(oom, "run_batch", spy)
     live = load()
     sched = Engine().scheduler(batching=True)
     before, after = [ask(live, "a", 1), ask(live, "b", 2)], [ask(live, "d", 3)]
