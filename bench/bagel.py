@@ -1,6 +1,6 @@
 """fv-bagel: one resident BAGEL MoT serving chat and t2i, on a medium random-weight checkpoint (CPU).
 
-Usage: python bench/bagel.py [--repeats 3] [--threads 1] [--out PATH] [--smoke]
+Usage: python bench/bagel.py [--repeats 3] [--threads 1] [--out PATH] [--smoke] [--only SECTION,...]
 
 The checkpoint is written in BAGEL-7B-MoT's published layout (bfloat16 ``ema.safetensors``) by
 ``fv_bagel.tiny.write_checkpoint`` at a medium size (``--smoke``: the tiny sizes) and loaded as
@@ -16,13 +16,16 @@ the ``bagel-7b-mot`` card (SDPA math, its default bfloat16). Weights are random:
   seconds per step as the engine measured them, split by rows.
 - Prefix caching: 8 concurrent chats that share a ~200-token system prompt (a first turn), each with its
   own question: time to first token and tokens/s with the prefix cache off (every request prefills the
-  whole context) and on (one earlier request with the same system prompt warmed it), the prefill tokens
+  whole context), on (one earlier request with the same system prompt warmed it) and on with a cold cache
+  (the 8 arrive together: one prefills the system prompt, the others wait for it), the prefill tokens
   each ran and their linear-layer FLOPs (2 x the understanding path's parameters per token; attention
   not counted); the tokens of both runs are compared.
 - Multi-turn: a conversation's first turn (cold cache) and its second (the first turn and its answer as
   parts): time to first token of each.
 - Speculative decoding: a thinking chat (``think``, BAGEL's thinking system prompt) with and without
-  prompt-lookup drafts (``speculative_k``), equal output checked: tokens/s and acceptance.
+  prompt-lookup drafts (``speculative_k``), equal output checked: tokens/s and acceptance. On random
+  weights nothing recurs (acceptance 0); so also on echo weights (``echo_model``: the same network and
+  FLOPs, an LM head that makes greedy output repeat the prompt's text), where prompt lookup applies.
 - Memory: peak RSS of subprocesses, each serving one chat and one t2i request concurrently: one
   resident instance, vs two copies (a chat-only one and a t2i one, the second loaded from a copy
   of the folder so no page is shared). safetensors maps the file lazily, so each copy reads all its
@@ -68,6 +71,7 @@ SIZES: dict[str, dict[str, Any]] = {  # checkpoint, chat tokens, t2i side (px) a
     "large": dict(checkpoint=dict(llm=LARGE_LLM, max_latent_size=16), max_tokens=8, side=128, steps=3),
     "tiny": dict(checkpoint={}, max_tokens=8, side=64, steps=4, memory="tiny", reuse_tokens=4, think_tokens=16),
 }  # fmt: skip
+THINK_PROMPT = "draw a red cat on a table, step by step"
 MEMORY_STEPS = 3  # t2i steps in the memory runs (peak memory does not grow with steps)
 PROMPTS = [  # candidates, short to long; the first 8 whose greedy answer runs to max_tokens are used
     "hello",
@@ -313,11 +317,11 @@ def prefix_bench(model: Any, prompts: list[str], max_tokens: int, repeats: int) 
 
     inst = model.instance
     system = [TextPart(system_prompt(model, 200))]
-    cases: dict[str, dict[str, list]] = {"off": {}, "on": {}}
+    cases: dict[str, dict[str, list]] = {"off": {}, "on": {}, "together": {}}
     for r in range(repeats):
         for case in cases:
             inst.kv_pool.drain()
-            inst.prefix_caching = case == "on"
+            inst.prefix_caching = case != "off"
             if case == "on":  # an earlier request with the same system prompt
                 Engine().run_serial(chat_items(model, system, ["hello"], 1, f"warm{r}"))
             items = chat_items(model, system, prompts, max_tokens, f"p{case}{r}")
@@ -337,7 +341,7 @@ def prefix_bench(model: Any, prompts: list[str], max_tokens: int, repeats: int) 
             out["tokens"] = token_ids(results)
     inst.prefix_caching = True
     per_token = 2 * understanding_params(model)
-    off, on = cases["off"], cases["on"]
+    off, on, together = cases["off"], cases["on"], cases["together"]
     ratio = statistics.median(on["ttft_median_s"]) / statistics.median(off["ttft_median_s"])
     return {
         "system_prompt_tokens": len(inst.tokenizer.encode(system[0].text)) + 2,
@@ -359,7 +363,13 @@ def prefix_bench(model: Any, prompts: list[str], max_tokens: int, repeats: int) 
         / statistics.median(off["tokens_per_s"]),
         "prefill_flops_saved": (off["prefill_tokens"] - on["prefill_tokens"]) * per_token,
         "prefill_flops_saved_fraction": 1 - on["prefill_tokens"] / off["prefill_tokens"],
+        "ttft_ratio_together_vs_off": statistics.median(together["ttft_median_s"])
+        / statistics.median(off["ttft_median_s"]),
+        "prefill_flops_saved_fraction_together": 1 - together["prefill_tokens"] / off["prefill_tokens"],
         "outputs_equal": on["tokens"] == off["tokens"],
+        "outputs_equal_together": together["tokens"] == off["tokens"],
+        "note": "cache_on: an earlier request warmed the cache; cache_together: a cold cache, the 8 arrive at "
+        "once and the first one's prefill of the system prompt serves the other 7 (they wait for it)",
         "goal": "ttft_ratio_on_vs_off <= 0.5",
         "met": ratio <= 0.5,
     }
@@ -400,7 +410,45 @@ def multi_turn_bench(model: Any, max_tokens: int, repeats: int) -> dict:
     }
 
 
-def speculative_bench(model: Any, max_tokens: int, repeats: int) -> dict:
+def echo_text(model: Any, tokens: int = 48) -> str:
+    """A text of ``tokens`` distinct tokens that tokenizes back to them (the echo weights' text)."""
+    tok, special = model.instance.tokenizer, set(model.instance.special.values())
+    ids: list[int] = []
+    for token in range(len(tok)):
+        trial = [*ids, token]
+        if token not in special and tok.encode(tok.decode(trial)) == trial:
+            ids = trial
+        if len(ids) == tokens:
+            break
+    return tok.decode(ids)
+
+
+def echo_model(folder: Path, model: Any, host: Any, text: str) -> Any:
+    """The checkpoint with weights that continue ``text`` (a copy of ``folder``): every layer's attention
+    and MLP outputs scaled by 1e-3 (the same FLOPs, a residual stream that stays near the token's embedding)
+    and an LM head whose row for each token of the text is the embedding of the token before it (the last
+    wraps to the first): greedy decoding then writes the text over and over, a workload prompt lookup can
+    draft. The drafts are still verified by the model, token by token."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = folder.with_name(folder.name + "-echo")
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns("ema.safetensors"))
+    weights = load_file(folder / "ema.safetensors")
+    for name, value in weights.items():
+        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            weights[name] = value * 1e-3
+    embed = weights["language_model.model.embed_tokens.weight"].float()
+    head = torch.zeros_like(embed)
+    ids = model.instance.tokenizer.encode(text)
+    for before, token in zip(ids, ids[1:] + ids[:1], strict=True):
+        head[token] = embed[before] / embed[before].norm() * 8
+    weights["language_model.lm_head.weight"] = head.to(weights["language_model.lm_head.weight"].dtype)
+    save_file(weights, out / "ema.safetensors", metadata={"format": "pt"})
+    return load(out, host)
+
+
+def speculative_bench(model: Any, max_tokens: int, repeats: int, prompt: str = THINK_PROMPT) -> dict:
     """A thinking chat, one token a step vs prompt-lookup drafts: tokens/s at equal output, acceptance."""
     from fv_core.runtime import Engine
 
@@ -413,7 +461,7 @@ def speculative_bench(model: Any, max_tokens: int, repeats: int) -> dict:
             items = chat_items(
                 model,
                 [],
-                ["draw a red cat on a table, step by step"],
+                [prompt],
                 max_tokens,
                 f"s{name}{r}",
                 think=True,
@@ -554,6 +602,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks the script end to end")
     ap.add_argument("--out", help="JSON path (default bench/results/bagel.json; --smoke: the temp folder)")
+    ap.add_argument(
+        "--only",
+        help="comma-separated sections to rerun (e.g. prefix_caching,multi_turn); the others are kept from the "
+        "JSON already at --out, and 'rerun' records which ran when",
+    )
     for flag in ("--child", "--folder", "--copy", "--size"):
         ap.add_argument(flag, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -571,21 +624,28 @@ def main() -> None:
         else Path(__file__).parent / "results" / "bagel.json"
     )
     out = Path(args.out) if args.out else default
+    only = set(args.only.split(",")) if args.only else None
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        result = run(Path(tmp) / f"bagel-{size}", size, args.repeats, args.threads)
-    result["machine"] = {
+        fresh = run(Path(tmp) / f"bagel-{size}", size, args.repeats, args.threads, only)
+    machine = {
         "cpu": platform.processor() or platform.machine(),
         "torch_threads": args.threads,
         "repeats": args.repeats,
         "load_avg_1m": os.getloadavg()[0],
     }
+    if only is None:
+        result = {**fresh, "machine": machine}
+    else:  # the sections rerun replace those of the last full run
+        result = {**json.loads(out.read_text()), **fresh}
+        result.setdefault("rerun", {}).update({name: machine for name in only})
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot(out.with_suffix(".png"), result)
     print(json.dumps(result, indent=2))
 
 
-def run(folder: Path, size: str, repeats: int, threads: int) -> dict:
+def run(folder: Path, size: str, repeats: int, threads: int, only: set[str] | None = None) -> dict:
+    """Every section, or those named in ``only``."""
     import torch
 
     from fv_bagel.tiny import write_checkpoint
@@ -597,13 +657,15 @@ def run(folder: Path, size: str, repeats: int, threads: int) -> dict:
     memory_folder = folder.with_name(f"bagel-{s['memory']}")
     if memory_folder != folder:
         write_checkpoint(memory_folder, **SIZES[s["memory"]]["checkpoint"], dtype=torch.bfloat16)
-    model = load(folder, load_plugins(env={"FV_PLUGINS": "fv-bagel"}))
-    prompts = pick_prompts(model, s["max_tokens"])
+    host = load_plugins(env={"FV_PLUGINS": "fv-bagel"})
+    model = load(folder, host)
+    wants_prompts = only is None or {"chat", "prefix_caching"} & only
+    prompts = pick_prompts(model, s["max_tokens"]) if wants_prompts else []
     freeze_heap()
     net = model.instance.net
     config = net.language_model.config
-    return {
-        "checkpoint": {
+    sections = {
+        "checkpoint": lambda: {
             "card": CARD,
             "size": size,
             "llm": {k: getattr(config, k) for k in (*MEDIUM_LLM, "vocab_size")},
@@ -612,14 +674,25 @@ def run(folder: Path, size: str, repeats: int, threads: int) -> dict:
             "precision": model.instance.precision,
             "weights": "random",
         },
-        "chat": tokens_bench(model, prompts, s["max_tokens"], repeats),
-        "prefix_caching": prefix_bench(model, prompts, s["reuse_tokens"], repeats),
-        "multi_turn": multi_turn_bench(model, s["reuse_tokens"], repeats),
-        "speculative": speculative_bench(model, s["think_tokens"], repeats),
-        "denoise": denoise_bench(model, s["side"], s["steps"], repeats),
-        "memory": memory_bench(memory_folder, s["memory"], threads),
-        "peak_rss_mib_this_process": peak_rss_mib(),  # the medium model's runs above, all cases
+        "chat": lambda: tokens_bench(model, prompts, s["max_tokens"], repeats),
+        "prefix_caching": lambda: prefix_bench(model, prompts, s["reuse_tokens"], repeats),
+        "multi_turn": lambda: multi_turn_bench(model, s["reuse_tokens"], repeats),
+        "speculative": lambda: speculative_bench(model, s["think_tokens"], repeats),
+        "speculative_echo": lambda: echo_bench(folder, model, host, s["think_tokens"], repeats),
+        "denoise": lambda: denoise_bench(model, s["side"], s["steps"], repeats),
+        "memory": lambda: memory_bench(memory_folder, s["memory"], threads),
+        "peak_rss_mib_this_process": peak_rss_mib,  # the medium model's runs above, all cases
     }
+    chosen = {"checkpoint", *(only or sections), "peak_rss_mib_this_process"}
+    return {name: section() for name, section in sections.items() if name in chosen}
+
+
+def echo_bench(folder: Path, model: Any, host: Any, max_tokens: int, repeats: int) -> dict:
+    """Speculative decoding where prompt lookup applies: the echo weights, their text as the prompt."""
+    text = echo_text(model)
+    result = speculative_bench(echo_model(folder, model, host, text), max_tokens, repeats, prompt=text)
+    note = "echo weights (echo_model): greedy output repeats the prompt's text; the same FLOPs a token"
+    return {**result, "prompt": text, "weights": note}
 
 
 def plot(path: Path, r: dict) -> None:
@@ -651,18 +724,21 @@ def plot(path: Path, r: dict) -> None:
         f"peak RSS MiB, {billions:.2f}B MoT (ratio {mem['ratio']:.2f}, {mem['ratio_minus_baseline']:.2f} over imports)"
     )
     pc, mt, sp = r["prefix_caching"], r["multi_turn"], r["speculative"]
-    grid[1][0].bar(["cache off", "cache on"], [pc["cache_off"]["ttft_s"]["median"], pc["cache_on"]["ttft_s"]["median"]],
-                   color=["#999", "#3a7"])  # fmt: skip
+    cases = [c for c in ("off", "on", "together") if f"cache_{c}" in pc]
+    grid[1][0].bar([f"cache {c}" for c in cases], [pc[f"cache_{c}"]["ttft_s"]["median"] for c in cases],
+                   color=["#999", "#3a7", "#9c9"][: len(cases)])  # fmt: skip
     grid[1][0].set_title(
         f"8 chats, {pc['system_prompt_tokens']}-token system prompt: TTFT s ({pc['ttft_ratio_on_vs_off']:.2f}x)"
     )
     grid[1][1].bar(["turn 1", "turn 2"], [mt["first_turn_ttft_s"]["median"], mt["second_turn_ttft_s"]["median"]],
                    color=["#999", "#3a7"])  # fmt: skip
     grid[1][1].set_title(f"multi-turn TTFT s ({mt['ratio']:.2f}x, goal 0.3)")
+    sp = r.get("speculative_echo", sp)  # where prompt lookup applies (echo weights), when measured
     grid[1][2].bar(["one a step", "prompt lookup"], [sp["tokens_per_s"][n]["median"] for n in ("plain", "speculative")],
                    color=["#999", "#3a7"])  # fmt: skip
     acc = (sp["speculative"] or {}).get("acceptance", 0.0)
-    grid[1][2].set_title(f"thinking tokens/s ({sp['ratio']:.2f}x, acceptance {acc:.2f})")
+    which = "echo weights" if "prompt" in sp else "random weights"
+    grid[1][2].set_title(f"thinking tokens/s, {which} ({sp['ratio']:.2f}x, acceptance {acc:.2f})")
     axes = [*grid[0], *grid[1]]
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
