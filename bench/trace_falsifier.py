@@ -25,7 +25,9 @@ first denoise step, requests in flight, the scheduler's decisions and the cost
 model's median |measured / predicted - 1| per call; per load, ``auto`` over the
 better of fifo and fair. Rounds alternate the policy order. Writes
 bench/results/trace_falsifier.json + .png (latency CDF per policy per load and
-regime; ``--smoke``: the tiny checkpoint, 6 requests, no files unless --out).
+regime; ``--smoke``: the tiny checkpoint, 6 requests, no files unless --out). Each regime records when it
+ran, its rounds and the machine's load average; a run of some regimes keeps the others' last results.
+The second trace, families mixed on one engine, is bench/trace_mixed.py.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -332,16 +335,20 @@ def main() -> None:
     out = args.out or (
         None if args.smoke else str(Path(__file__).parent / "results" / "trace_falsifier.json")
     )
+    if out and not args.smoke and Path(out).exists():  # regimes not run now keep their last results
+        result["regimes"] = json.loads(Path(out).read_text()).get("regimes", {})
     for name in ["tiny"] if args.smoke else args.regimes:  # the JSON is rewritten after each regime
+        started, load_start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), os.getloadavg()[0]
         with tempfile.TemporaryDirectory() as tmp:
             if args.smoke:
-                result["regimes"][name] = smoke(Path(tmp))
+                regime = smoke(Path(tmp))
             else:
                 mix = REGIMES[name]
                 write_tiny_checkpoint(Path(tmp), transformer=mix["transformer"])
-                result["regimes"][name] = run(
-                    Path(tmp), args.requests, args.loads, args.rounds, args.seed, mix, args.device
-                )
+                regime = run(Path(tmp), args.requests, args.loads, args.rounds, args.seed, mix, args.device)
+        regime |= {"run_at": started, "rounds": 1 if args.smoke else args.rounds}
+        regime["load_average_1m"] = {"start": load_start, "end": os.getloadavg()[0]}
+        result["regimes"][name] = regime
         if out:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             Path(out).write_text(json.dumps(result, indent=2))

@@ -8,7 +8,8 @@ raw prediction) and predicts ``raw * ratio``.
 
 The batch curve is learned beside it: per curve key (loop id, unit kind, batch
 key: instance, shape bucket, precision) the measured seconds of one body call
-by its rows, so the scheduler can ask what a call of ``rows`` rows costs before
+by its rows (the median of its latest calls: a CPU's jitter and the odd slow
+call move it less than an average), so the scheduler can ask what a call of ``rows`` rows costs before
 deciding to batch (``batch_cost``). Each call's prediction and measurement are
 kept too (``record``), so a miscalibrated model shows (``accuracy``).
 
@@ -48,7 +49,8 @@ class Calibration:
 class BatchCurve:
     """Measured seconds of one body call by its rows, for one loop and shape bucket."""
 
-    seconds: dict[int, float] = field(default_factory=dict)  # rows -> EMA of measured call seconds
+    seconds: dict[int, float] = field(default_factory=dict)  # rows -> median of its latest measured calls
+    recent: dict[int, deque[float]] = field(default_factory=dict)  # rows -> its latest measured call seconds
     alone_since_batch: int = 0  # calls run alone since the last batched measurement (re-probe clock)
     peak_row_bytes: float = 0.0  # most peak activation bytes per row measured (0: not measured)
     peak_rows: set[int] = field(default_factory=set)  # row counts whose peak was measured
@@ -100,8 +102,9 @@ def plan_tokens(plan: WorkPlan) -> int:
 class CostModel:
     """Step cost predictions per loop, corrected by measured step times."""
 
-    def __init__(self, alpha: float = 0.3, default_step_s: float = 1e-3) -> None:
-        self.alpha = alpha  # EMA weight of the newest measurement
+    def __init__(self, alpha: float = 0.3, default_step_s: float = 1e-3, window: int = 9) -> None:
+        self.alpha = alpha  # EMA weight of the newest measurement (calibration ratios, program stages)
+        self.window = window  # batch curves: a call's seconds are the median of this many latest calls
         self.default_step_s = default_step_s  # raw cost of a plan with no cost_s and no registered model
         self._specs: dict[str, StepCostModel] = {}
         self._calib: dict[Hashable, Calibration] = {}
@@ -179,8 +182,9 @@ class CostModel:
             return
         curve = self.curve(key)
         with self._lock:
-            old = curve.seconds.get(rows)
-            curve.seconds[rows] = actual_s if old is None else (1 - self.alpha) * old + self.alpha * actual_s
+            recent = curve.recent.setdefault(rows, deque(maxlen=self.window))
+            recent.append(actual_s)
+            curve.seconds[rows] = statistics.median(recent)
             curve.alone_since_batch = 0 if rows > 1 else curve.alone_since_batch + 1
             if curve.oom_rows is not None and rows >= curve.oom_rows:
                 curve.oom_rows = rows + 1  # evidence: this many rows fit now
