@@ -103,7 +103,9 @@ def _run(a: subprocess.Popen, a_url: str, b_url: str, url: str) -> None:
             if video.status == "completed":  # from the bucket, through the host that lives
                 mp4 = b_client.videos.download_content(job_id).read()
                 assert len(mp4) > 1000
-        link = httpx.get(f"{b_url}/v1/videos/{completed_id(ends)}").headers["x-fv-download-url"]
+        answer = httpx.get(f"{b_url}/v1/videos/{completed_id(ends)}")
+        link = answer.headers["x-fv-download-url"]
+        assert answer.json()["download_url"] == link  # the job record carries the presigned link too
         assert httpx.get(link).content == b_client.videos.download_content(completed_id(ends)).read()
         db = Database(url)
         owners = dict(db.execute("SELECT id, owner FROM jobs").fetchall())
