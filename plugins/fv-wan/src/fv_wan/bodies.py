@@ -32,8 +32,9 @@ def encode_body(text_encoder, inputs: dict[str, Any]) -> dict[str, Any]:
     return {"embeds": torch.where(mask.bool().unsqueeze(-1), hidden, torch.zeros((), dtype=hidden.dtype))}
 
 
-def denoise_body(transformer, inputs: dict[str, Any], packed=None) -> dict[str, Any]:
-    """Flow velocity; with ``neg_kv`` present, one forward per CFG branch (two-forward CFG).
+def denoise_body(transformer, inputs: dict[str, Any], packed=None, invariant: bool = False) -> dict[str, Any]:
+    """Flow velocity; with ``neg_kv`` present, one forward per CFG branch (two-forward CFG);
+    ``invariant``: each batched row's bits as alone (the plan's ``invariant_body``, see fv_wan.transformer).
 
     ``inputs[BLOCKS_INPUT]``: the request's block hook when a block interceptor is on (else None);
     ``inputs["branch_suffix"]`` keeps a second expert's block caches apart from the first's. A plan in
@@ -56,6 +57,7 @@ def denoise_body(transformer, inputs: dict[str, Any], packed=None) -> dict[str, 
             img_kv=img_kv,
             kv_rows=inputs.get(kv + "_rows"),
             kv_length=length,
+            invariant=invariant,
         )
 
     if "neg_kv" in inputs:
@@ -154,14 +156,18 @@ def decoder_convs(vae) -> int:
 
 
 def chunk_decode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
-    """A chunk's latents [1, C, n, h, w] to its frames [F, H, W, 3] in 0..1, frame by frame, carrying the
-    decoder's causal feature cache (``cache``: the previous chunk's, None for the first chunk) as the
-    VAE's own decode does across a whole video; returns the frames and the new cache."""
+    """Chunks' latents [B, C, n, h, w] (one row per request) to their frames [B, F, H, W, 3] in 0..1, frame
+    by frame, carrying the decoder's causal feature cache as the VAE's own decode does across a whole
+    video: ``cache_markers`` (None for a first chunk) lists each cache entry, ``"tensor"`` for the rows'
+    tensors under ``cache.<i>`` [B, ...], else the entry itself; the new cache comes back the same way."""
     z = inputs["latents"].to(vae.dtype)
     mean, inv_std = conditioning.latent_stats(vae, z)
     x = vae.post_quant_conv(z / inv_std + mean)
-    first = inputs["cache"] is None
-    cache = [None] * decoder_convs(vae) if first else list(inputs["cache"])
+    markers = inputs.get("cache_markers")
+    first = markers is None
+    cache = [None] * decoder_convs(vae) if first else [
+        inputs[f"cache.{i}"] if m == "tensor" else m for i, m in enumerate(markers)
+    ]  # fmt: skip
     outs = []
     for i in range(x.shape[2]):
         out = vae.decoder(x[:, :, i : i + 1], feat_cache=cache, feat_idx=[0], first_chunk=first and i == 0)
@@ -172,4 +178,7 @@ def chunk_decode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
 
         video = unpatchify(video, patch_size=vae.config.patch_size)
     video = video.clamp(-1.0, 1.0)
-    return {"frames": (video * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).float()[0], "cache": cache}
+    frames = (video * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).float()
+    kept = {f"cache.{i}": e for i, e in enumerate(cache) if isinstance(e, torch.Tensor)}
+    new_markers = tuple("tensor" if isinstance(e, torch.Tensor) else e for e in cache)
+    return {"frames": frames, **kept, "cache_markers": new_markers}

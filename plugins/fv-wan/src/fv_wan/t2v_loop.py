@@ -17,6 +17,12 @@ request runs on the weights it pinned at init, and a step's batch key names
 its expert and their versions, so Wan2.2 A14B requests batch only with steps
 on the same expert. CFG combine and the sampler update run per request in
 ``advance``; the sampler's history lives in ``LoopState``.
+
+Batch invariance (``WorkPlan.invariant_body``, what ``determinism: bitwise`` batches through): the
+prompt encode, the text keys/values (text-only) and the denoise steps (one forward per row: single or
+two-forward CFG; SDPA attention, no adapters, one device, not packed) declare it where this device's
+GEMM and attention are measured row-invariant at the step's shapes (``_rows_invariant``); the image
+encodes and the VAE decode (convolutions that split by batch) run alone under bitwise.
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ from fv_core.loop import (
     StepResult,
     WorkPlan,
     WorkUnitKind,
+    attention_rows_invariant,
     batch_key,
+    gemm_rows_invariant,
     pinned,
     pinned_module,
     pinned_state,
@@ -131,13 +139,17 @@ class WanLoop:
         phase, precision = state.values["phase"], str(inst.dtype).removeprefix("torch.")
         if phase == "encode":
             ids = state.tensors["input_ids"]
+            encoder = pinned_module(inst, state, "text_encoder")
+            body = partial(encode_body, encoder)
+            width = encoder.config.d_model
             return WorkPlan(
                 kind=WorkUnitKind.ENCODER_CHUNK,
-                body=partial(encode_body, pinned_module(inst, state, "text_encoder")),
+                body=body,
                 inputs={"input_ids": ids, "mask": state.tensors["mask"]},
                 batch_key=batch_key(inst, state, "text_encoder", "encode", (ids.shape[1],), precision),
                 batch_size=ids.shape[0],
                 label="encode prompt",
+                invariant_body=body if self._gemm_invariant(ids.shape[1], width) else None,
             )
         if phase == "image_encode":
             unit = (WorkUnitKind.ENCODER_CHUNK, "image_encoder", conditioning.clip_body, "encode")
@@ -283,9 +295,12 @@ class WanLoop:
         if "image_features" in t:  # the image rows follow the text rows: one per prompt row
             inputs["image"] = t["image_features"].to(inst.dtype).expand(text.shape[0], -1, -1)
             signature += tuple(inputs["image"].shape[1:])
+        body = partial(text_kv_body, pinned_module(inst, state, expert))
+        text_only = "image" not in inputs and self._gemm_invariant(text.shape[1], text.shape[2])
         return WorkPlan(
             kind=WorkUnitKind.ENCODER_CHUNK,
-            body=partial(text_kv_body, pinned_module(inst, state, expert)),
+            body=body,
+            invariant_body=body if text_only else None,
             inputs=inputs,
             batch_key=batch_key(inst, state, expert, "encode", signature, precision),
             batch_size=text.shape[0],
@@ -360,9 +375,15 @@ class WanLoop:
                 packed["kv_length"] = 0
             shape_sig = ("packed", latents.shape[1], tuple(kv_sig[:2]), str(timestep.dtype))
             ragged = {}
+        invariant = None
+        if mode != "batched" and kernel is None and group is None and not state.values.get("adapters"):
+            keys = (inputs.get("kv_length") or kv.shape[3],) + (() if img_kv is None else (img_kv.shape[3],))
+            if self._rows_invariant(expert, timestep, latents, keys):
+                invariant = self._denoise_body(expert, pinned(state, expert), invariant=True)
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
             body=self._denoise_body(expert, pinned(state, expert), kernel),
+            invariant_body=invariant,
             inputs=inputs,
             batch_key=batch_key(
                 inst,
@@ -390,13 +411,42 @@ class WanLoop:
         plain = mode != "batched" and img_kv is None and timestep.ndim == 1 and self.instance.parallel is None
         return chosen[0] if chosen is not None and plain and not state.values.get("adapters") else None
 
-    def _denoise_body(self, expert: str, version: str | None = None, packed=None):
+    def _denoise_body(self, expert: str, version: str | None = None, packed=None, invariant: bool = False):
         """The denoise step body of ``expert`` (at weights ``version``; None: the live one): on the
-        instance's parallel group when it has one; ``packed``: the packed_attention kernel."""
+        instance's parallel group when it has one; ``packed``: the packed_attention kernel;
+        ``invariant``: its batch-invariant form."""
         group = self.instance.parallel
         if group is not None:
             return partial(parallel_denoise_body, group, expert)
-        return partial(denoise_body, self.instance.component(expert, version), packed=packed)
+        module = self.instance.component(expert, version)
+        return partial(denoise_body, module, packed=packed, invariant=invariant)
+
+    def _gemm_invariant(self, rows: int, width: int) -> bool:
+        """Whether a GEMM over a row of ``rows`` tokens of ``width`` is row-invariant on this device."""
+        inst = self.instance
+        return gemm_rows_invariant(rows, width, width, str(inst.device), inst.dtype)
+
+    def _rows_invariant(
+        self, expert: str, timestep: torch.Tensor, latents: torch.Tensor, keys: tuple
+    ) -> bool:
+        """Whether a denoise row of ``latents`` batches row-invariantly: SDPA attention (the card's kernel),
+        and this device's GEMM and attention measured row-invariant at its tokens, over itself and over
+        each of ``keys`` (text, image) positions."""
+        inst = self.instance
+        if inst.card.kernels.get("attention", "sdpa") != "sdpa":
+            return False
+        config = inst.component(expert).config
+        heads, head_dim = config.num_attention_heads, config.attention_head_dim
+        tokens = math.prod(n // p for n, p in zip(latents.shape[2:], config.patch_size, strict=True))
+        device, dtype = str(inst.device), inst.dtype
+        per_token = timestep.ndim == 2  # TI2V: the timestep embedding's GEMM runs over the tokens
+        return (
+            self._gemm_invariant(tokens, heads * head_dim)
+            and (not per_token or self._gemm_invariant(tokens, config.freq_dim))
+            and all(
+                attention_rows_invariant(heads, tokens, n, head_dim, device, dtype) for n in (tokens, *keys)
+            )
+        )
 
     def replay_plan(self, record: Any, step: Any) -> WorkPlan:
         """A recorded step (``record.steps[i]``) as a plan on this instance's live weights: its body

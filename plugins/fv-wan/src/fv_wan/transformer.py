@@ -18,6 +18,13 @@ or batched CFG) attends to the folds themselves, the repeated position counted
 as often as it repeats (its multiplicity as a logit bias, in float32): the same
 attention to within float rounding (the batched tolerance), at the cost of the
 prompt's length instead of 512.
+
+The batch-invariant path (``invariant=True``: ``denoise_body``'s ``invariant_body`` under
+``determinism: bitwise``) gives every row of a call the bits it gets alone: the patch embedding and
+the timestep embedding (one-row GEMMs) run per row, and folded keys/values are unfolded per row to
+the full length, as a lone row unfolds them; the per-token linears and attention batch as they are
+(row-invariant where ``WanLoop`` declares it: measured by ``fv_core.loop.gemm_rows_invariant`` and
+``attention_rows_invariant``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import torch.nn.functional as F
 
 from fv_core.cache import RepeatedTail, tail_start
 from fv_core.extend import BlockHook, BlockHooks, drive_blocks
+from fv_core.loop import per_row
 from fv_core.parallel import gather, shard
 from fv_wan.attention import token_grid
 
@@ -101,6 +109,11 @@ class Prepared:
         held = kv.shape[2]
         if self.kv_length <= held:
             return kv
+        if kv.shape[0] > 1:  # the invariant path: each row unfolded from its own last held position
+            assert self.kv_rows is not None, "folded keys/values of several rows come with kv_rows"
+            last = (self.kv_rows.to(kv.device) - 1)[:, None]
+            pos = torch.arange(self.kv_length, device=kv.device)[None].minimum(last)
+            return kv.gather(2, pos[:, None, :, None].expand(-1, 2, -1, kv.shape[-1]))
         return torch.cat([kv, kv[:, :, held - 1 :].expand(-1, -1, self.kv_length - held, -1)], 2)
 
 
@@ -121,25 +134,26 @@ def prepare(
     img_kv: torch.Tensor | None = None,
     kv_rows: torch.Tensor | None = None,
     kv_length: int = 0,
+    invariant: bool = False,
 ) -> Prepared:
     """Patch embedding, rope and timestep embedding (``timestep`` [B] or per token [B, tokens]); ``kv``
-    folded when ``kv_rows`` (positions each row holds) is given, ``kv_length`` its full length."""
+    folded when ``kv_rows`` (positions each row holds) is given, ``kv_length`` its full length;
+    ``invariant``: every row as it is alone (see the module docstring)."""
     p_t, p_h, p_w = model.config.patch_size
     _, _, frames, height, width = latents.shape
     rotary = model.rope(latents)
-    hidden = model.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
-    emb = model.condition_embedder
-    per_token = timestep.shape[1] if timestep.ndim == 2 else None
-    t = emb.timesteps_proj(timestep.flatten())
-    if per_token is not None:
-        t = t.unflatten(0, (-1, per_token))
-    t_dtype = next(iter(emb.time_embedder.parameters())).dtype
-    temb = emb.time_embedder(t if t.dtype == t_dtype or t_dtype == torch.int8 else t.to(t_dtype)).type_as(kv)
-    modulation = emb.time_proj(emb.act_fn(temb)).unflatten(temb.ndim - 1, (6, -1))
+    if invariant:
+        hidden = per_row(lambda x: _patches(model, x), latents)
+        temb = per_row(lambda t: _time_embedding(model, t, kv.dtype), timestep)
+    else:
+        hidden, temb = _patches(model, latents), _time_embedding(model, timestep, kv.dtype)
+    modulation = (
+        per_row(lambda e: _modulation_of(model, e), temb) if invariant else _modulation_of(model, temb)
+    )
     grid = (frames // p_t, height // p_h, width // p_w)
     folded = kv_rows is not None
     log_count = None
-    if folded and kv.shape[0] > 1:
+    if folded and kv.shape[0] > 1 and not invariant:
         held = int(kv_rows.max())
         # the rows' own positions: padding past the call's longest fold never shows in the bits
         kv = kv[:, :, :, :held].contiguous()
@@ -147,6 +161,28 @@ def prepare(
     return Prepared(
         hidden, kv, modulation, temb, rotary, grid, img_kv, kv_length if folded else 0, kv_rows, log_count
     )
+
+
+def _patches(model, latents: torch.Tensor) -> torch.Tensor:
+    """Patch embeddings [B, tokens, dim] of latents [B, C, F, H, W]."""
+    return model.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
+
+
+def _time_embedding(model, timestep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Timestep embedding [B, dim] (per token [B, tokens, dim]) of ``timestep`` [B] (or [B, tokens])."""
+    emb = model.condition_embedder
+    per_token = timestep.shape[1] if timestep.ndim == 2 else None
+    t = emb.timesteps_proj(timestep.flatten())
+    if per_token is not None:
+        t = t.unflatten(0, (-1, per_token))
+    t_dtype = next(iter(emb.time_embedder.parameters())).dtype
+    return emb.time_embedder(t if t.dtype == t_dtype or t_dtype == torch.int8 else t.to(t_dtype)).to(dtype)
+
+
+def _modulation_of(model, temb: torch.Tensor) -> torch.Tensor:
+    """Every block's timestep modulation [B, 6, dim] (per token [B, tokens, 6, dim])."""
+    emb = model.condition_embedder
+    return emb.time_proj(emb.act_fn(temb)).unflatten(temb.ndim - 1, (6, -1))
 
 
 def _modulation(table: torch.Tensor, modulation: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -307,11 +343,12 @@ def wan_forward_kv(
     img_kv: torch.Tensor | None = None,
     kv_rows: torch.Tensor | None = None,
     kv_length: int = 0,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """Flow velocity for ``latents`` [B, C, F, H, W] at ``timestep`` [B] (or [B, tokens]) given ``text_kv``
     output, full or folded (``kv_rows``, ``kv_length``: see :func:`prepare`), and ``image_kv`` output
-    for I2V models."""
-    prep = shard_tokens(prepare(model, latents, timestep, kv, img_kv, kv_rows, kv_length))
+    for I2V models; ``invariant``: each row's bits as alone (see the module docstring)."""
+    prep = shard_tokens(prepare(model, latents, timestep, kv, img_kv, kv_rows, kv_length, invariant))
     return finish(model, prep, run_blocks(model, prep, around_block, hook, branch))
 
 
