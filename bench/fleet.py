@@ -188,6 +188,7 @@ def write(results: dict, cost: dict, smoke: bool, jobs: int, repeats: int) -> di
         "runs alternating; store cost per job alone (min of 3 x 200 jobs)",
         "cores": os.cpu_count(),
         "machine": platform.platform(),
+        "load_avg_1m_at_write": os.getloadavg()[0],  # other work on the machine meanwhile
         "smoke": smoke,
         "jobs_per_run": jobs,
         "repeats": repeats,
