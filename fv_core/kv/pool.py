@@ -235,8 +235,9 @@ class PagedKVPool:
         rows, n = pages.shape
         _, _, kvh, size, d = self.k.shape
         hide = ~valid[:, None, :, None]
-        k = self.k[pages, layer].permute(0, 2, 1, 3, 4).reshape(rows, kvh, n * size, d).masked_fill(hide, 0)
-        v = self.v[pages, layer].permute(0, 2, 1, 3, 4).reshape(rows, kvh, n * size, d).masked_fill(hide, 0)
+        # indexing copies the pages out of the pool, so the padding is zeroed in that copy, in place
+        k = self.k[pages, layer].permute(0, 2, 1, 3, 4).reshape(rows, kvh, n * size, d).masked_fill_(hide, 0)
+        v = self.v[pages, layer].permute(0, 2, 1, 3, 4).reshape(rows, kvh, n * size, d).masked_fill_(hide, 0)
         return k, v
 
     def gather(self, seqs: list[KVSeq], size: int) -> dict[str, torch.Tensor]:
