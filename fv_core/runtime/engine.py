@@ -156,8 +156,9 @@ class Engine:
     def run_interleaved(self, items: Sequence[WorkItem]) -> list[LoopResult | None]:
         return self._results(self._drive(items, batching=False))
 
-    def run_batched(self, items: Sequence[WorkItem]) -> list[LoopResult | None]:
-        return self._results(self._drive(items, batching=True))
+    def run_batched(self, items: Sequence[WorkItem], batching: Batching = True) -> list[LoopResult | None]:
+        """Step by step, compatible steps batched (``"invariant"``: only through their invariant_body)."""
+        return self._results(self._drive(items, batching=batching))
 
     def cancel(self, request_id: str, reason: str = "cancelled by caller") -> None:
         """Cancel at the next step boundary (or before it starts, if not yet submitted)."""

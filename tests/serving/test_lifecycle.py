@@ -202,8 +202,8 @@ def test_the_request_schema_is_the_served_cards_params(server):
 
 
 def test_a_seeded_request_gives_the_same_video_whatever_else_runs(server, client):
-    """determinism: bitwise (this deploy's; the default is batched): steps of different requests never
-    share a call."""
+    """determinism: bitwise (this deploy's): steps of different requests share a call only through their
+    batch-invariant bodies, so the bytes do not change."""
     assert client.models.list().data[0].model_extra["determinism"] == "bitwise"
     ask = {"size": "32x32", "extra_body": {"num_frames": 5, "num_inference_steps": 3, "seed": 7}}
     alone = client.videos.create_and_poll(prompt="a cat on a boat", poll_interval_ms=20, **ask)
