@@ -57,9 +57,12 @@ def test_best_of_n_keeps_the_candidate_the_detector_scores_best(host, plan):
     shapes, reward = flow.models["shapes"], flow.scorers["candidates"]
     prompt = "a red circle moving left"
     with torch.no_grad():
-        out = flow.generate(prompt=prompt, seed=10)
+        out = flow.generate(prompt=prompt, seed=10, num_inference_steps=6)
         requests = [
-            shapes.prepare({"prompt": prompt, "seed": 10 + i, "guidance_scale": 4.0}, task="t2v")
+            shapes.prepare(
+                {"prompt": prompt, "seed": 10 + i, "guidance_scale": 4.0, "num_inference_steps": 6},
+                task="t2v",
+            )
             for i in range(4)
         ]
         results = Engine().run_batched([shapes.job(r) for r in requests])

@@ -34,7 +34,7 @@ def fv_register_workflows(register: Callable[..., None]) -> None:
         "shapes-best-of-n",
         {
             "description": "the shapes model's best of 4 candidates by the shapes detector",
-            "params": {"prompt": None, "seed": 0, "guidance_scale": 4.0},
+            "params": {"prompt": None, "seed": 0, "guidance_scale": 4.0, "num_inference_steps": 30},
             "stages": [
                 {
                     "name": "candidates",
@@ -44,6 +44,7 @@ def fv_register_workflows(register: Callable[..., None]) -> None:
                         "prompt": "request.prompt",
                         "seed": "request.seed",
                         "guidance_scale": "request.guidance_scale",
+                        "num_inference_steps": "request.num_inference_steps",
                     },
                     "fan_out": 4,
                     "select": "shapes-detector",
