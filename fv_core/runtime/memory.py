@@ -11,7 +11,8 @@
   frees before it returns is not seen; everything the call's ops hand each other is.
 
 The scheduler measures a call when its batch curve has no peak for that many rows yet
-(``CostModel.wants_peak``), so the tracking costs one call per shape bucket and row count.
+(``CostModel.wants_peak``), so the tracking costs one call per shape bucket and row count; that call's
+seconds, slowed by the tracking, are dropped (``untimed``) so they never reach the batch curve.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class _StorageTracker(TorchDispatchMode):
 
 
 def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
+    """A dense tensor (one with a storage to count)."""
+    return isinstance(value, torch.Tensor) and value.layout == torch.strided
 
 
 @contextmanager
@@ -99,3 +101,11 @@ def measure_peak(device: str | torch.device) -> Iterator[Peak]:
     with tracker:
         yield peak
     peak.bytes = tracker.peak
+
+
+def untimed(outcome: Any) -> None:
+    """Zero the measured seconds of a call's results (a StepResult or a list of them): the cost model then
+    learns nothing from that call's time."""
+    for result in outcome if isinstance(outcome, list) else [outcome]:
+        if hasattr(result, "seconds"):
+            result.seconds = 0.0
