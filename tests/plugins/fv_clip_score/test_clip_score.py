@@ -48,13 +48,17 @@ def test_best_of_n_selects_by_clip_score(clip_folder):
             "models": [{"card": "wan2.1-t2v-tiny", "name": "wan"}],
             "workflows": {
                 "best-still": {
-                    "params": {"prompt": None, "seed": 0},
+                    "params": {"prompt": None, "seed": 0, "num_inference_steps": 4},
                     "stages": [
                         {
                             "name": "still",
                             "model": "wan",
                             "task": "t2i",
-                            "bind": {"prompt": "request.prompt", "seed": "request.seed"},
+                            "bind": {
+                                "prompt": "request.prompt",
+                                "seed": "request.seed",
+                                "num_inference_steps": "request.num_inference_steps",
+                            },
                             "fan_out": 3,
                             "select": {"scorer": "clip-score", "options": {"model": str(clip_folder)}},
                         }
@@ -65,7 +69,10 @@ def test_best_of_n_selects_by_clip_score(clip_folder):
     )
     flow = fv_core.load("best-still", deploy=deploy, host=host)
     out = flow.generate(prompt="a lantern", seed=5)
-    stills = [flow.models["wan"].generate(task="t2i", prompt="a lantern", seed=5 + i) for i in range(3)]
+    wan = flow.models["wan"]
+    stills = [
+        wan.generate(task="t2i", prompt="a lantern", seed=5 + i, num_inference_steps=4) for i in range(3)
+    ]
     frames = torch.stack([torch.from_numpy(s.image[None]) for s in stills])
     scores = flow.scorers["still"](frames, ["a lantern"] * 3).tolist()
     chosen = out.provenance["stages"]["still"]
