@@ -14,6 +14,7 @@ import torch
 from fv_core.extend import BLOCKS_INPUT
 from fv_core.loop import SEGMENTS
 from fv_qwen_image.transformer import qwen_forward, qwen_forward_packed
+from fv_qwen_image.vae import decode_image
 
 # the prompt template diffusers' QwenImagePipeline wraps every prompt in, and how many of its leading
 # tokens it drops from the encoder's output (prompt_template_encode, prompt_template_encode_start_idx)
@@ -121,5 +122,5 @@ def decode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
     c = vae.config
     mean = torch.tensor(c.latents_mean).view(1, c.z_dim, 1, 1, 1).to(z.device, z.dtype)
     inv_std = 1.0 / torch.tensor(c.latents_std).view(1, c.z_dim, 1, 1, 1).to(z.device, z.dtype)
-    image = vae.decode(z / inv_std + mean, return_dict=False)[0][:, :, 0]
+    image = decode_image(vae, z / inv_std + mean)[:, :, 0]
     return {"frames": (image * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().unsqueeze(1)}

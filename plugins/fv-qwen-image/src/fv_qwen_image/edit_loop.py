@@ -38,6 +38,7 @@ from fv_qwen_image.edit_params import CONDITION_AREA, MAX_IMAGES, TARGET_AREA, a
 from fv_qwen_image.params import cfg_on, vae_scale
 from fv_qwen_image.t2i_loop import QwenImageLoop, schedule
 from fv_qwen_image.text_cache import ROWS
+from fv_qwen_image.vae import encode_image
 from fv_qwen_image.vl_encoder import edit_text, vl_encode_body
 
 
@@ -233,7 +234,7 @@ class QwenImageEditPlusLoop(QwenImageEditLoop):
 def vae_encode_body(vae, inputs: dict[str, Any]) -> dict[str, Any]:
     """The VAE's posterior mode of ``pixels`` [1, 3, 1, H, W] (-1..1), normalised with its latent
     statistics: ``latents`` [1, z, 1, H/8, W/8] (diffusers' ``_encode_vae_image``)."""
-    z = vae.encode(inputs["pixels"].to(vae.device, vae.dtype)).latent_dist.mode()
+    z = encode_image(vae, inputs["pixels"].to(vae.device, vae.dtype))
     c = vae.config
     mean = torch.tensor(c.latents_mean).view(1, c.z_dim, 1, 1, 1).to(z.device, z.dtype)
     std = torch.tensor(c.latents_std).view(1, c.z_dim, 1, 1, 1).to(z.device, z.dtype)

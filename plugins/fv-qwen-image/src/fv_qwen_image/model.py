@@ -95,6 +95,10 @@ class QwenImageModel(SyncableComponents):
             return VLProcessor.from_pretrained(component_folder(self.weights, spec.subfolder or name))
         with torch.inference_mode(False):
             module = load_component(self.weights, name, spec, self.dtype)
+            if spec.kind == "vae":  # images are single frames: no convolution over time padding
+                from fv_qwen_image.vae import frame_convolutions
+
+                module = frame_convolutions(module)
             return module.to(self.device) if isinstance(module, torch.nn.Module) else module
 
     def kernel_records(self) -> dict[str, Any]:
