@@ -1,6 +1,6 @@
 """Packed batching on Qwen-Image: requests of different sizes and prompt lengths share each step as one
 sequence (a deploy selects a packed_attention kernel), each equal to itself alone within the card's
-tolerance; the interleave gate (bitwise mode's path: rows run apart) holds with mixed sizes."""
+tolerance, and bit for bit under determinism: bitwise (the plans' invariant body, linears per request)."""
 
 from __future__ import annotations
 
@@ -66,22 +66,24 @@ def items(model, asks=ASKS):
     ]
 
 
-def test_mixed_sizes_pack_into_one_step_equal_alone_and_interleave_bitwise(packed_model):
-    """Batched (packed) within the card's tolerance of serial; interleaved (bitwise mode's path: rows run
-    apart) bit for bit serial."""
-    calls = Calls()
+def test_mixed_sizes_pack_into_one_step_equal_alone_and_bitwise_under_determinism_bitwise(packed_model):
+    """Batched (packed) within the card's tolerance of serial; under determinism: bitwise (batching
+    through the plans' invariant body) packed too, and bit for bit serial."""
+    calls, bitwise_calls = Calls(), Calls()
+    fair = SchedulingPolicy("fair")
     with torch.no_grad():
         serial = Engine().run_serial(items(packed_model))
-        packed = Engine(observers=[calls], scheduling=SchedulingPolicy("fair")).run_batched(
-            items(packed_model)
+        packed = Engine(observers=[calls], scheduling=fair).run_batched(items(packed_model))
+        bitwise = Engine(observers=[bitwise_calls], scheduling=fair).run_batched(
+            items(packed_model), batching="invariant"
         )
-        interleaved = Engine().run_interleaved(items(packed_model))
     report = compare_results(
         serial, packed, "batched", tolerance=packed_model.card.parity.tolerances["frames"]
     )
     assert report.ok and 0 < report.max_abs and max(calls.sizes) == 3, (calls.sizes, str(report))
-    gate = compare_results(serial, interleaved, "interleave", tolerance=0.0)
+    gate = compare_results(serial, bitwise, "bitwise", tolerance=0.0)
     assert gate.ok and gate.max_abs == 0.0, str(gate)
+    assert max(bitwise_calls.sizes) == 3, bitwise_calls.sizes  # the three true-CFG requests share each step
     assert packed[3].metrics["kernels"]["packed_attention"]["variant"] == "segments"
 
 
