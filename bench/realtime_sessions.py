@@ -112,6 +112,7 @@ async def run_case(
             default={},
         ),
         "closed": sorted({s.closed or "" for s in sessions}),
+        "load_avg_1m": os.getloadavg()[0],
     }
 
 
@@ -155,6 +156,8 @@ def main() -> None:
         solo = warm["chunk_latency_s"]["median"]
         fps = args.fps or max(0.5, int(4 * 0.7 / solo * 2) / 2)  # the baseline's one session at ~70 % load
         cases: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        default = Path(tempfile.gettempdir()) / "realtime_sessions_smoke.json" if args.smoke else None
+        out = Path(args.out or default or Path(__file__).parent / "results" / "realtime_sessions.json")
         for n in counts:  # the modes alternate so machine noise hits both alike
             for mode, batching in MODES.items():
                 case = asyncio.run(
@@ -163,6 +166,17 @@ def main() -> None:
                 cases[mode].append(case)
                 print(mode, json.dumps({k: case[k] for k in ("sessions", "achieved_fps", "deadline_misses",
                                                              "chunk_latency_s", "first_frame_s")}), flush=True)  # fmt: skip
+            result = report(args, side, fps, chunks, solo, counts, cases)  # written after every count
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1))
+            plot(out.with_suffix(".png"), result)
+    print(
+        json.dumps({k: result[k] for k in ("session", "solo_chunk_s", "held_with_zero_misses", "held_ratio")})
+    )
+
+
+def report(args, side: int, fps: float, chunks: int, solo: float, counts: list[int], cases: dict) -> dict:
+    """The JSON of the cases measured so far."""
     held = {
         mode: max([c["sessions"] for c in runs if c["deadline_misses"] == 0], default=0)
         for mode, runs in cases.items()
@@ -175,7 +189,8 @@ def main() -> None:
                     "load_avg_1m": os.getloadavg()[0]},
         "solo_chunk_s": solo,
         "admission": admission(solo, cases["fv"][-1]["pass_curve"], 4 / fps, counts),
-        "cases": cases,
+        "cases": {mode: [{**c, "pass_curve": {str(k): v for k, v in sorted(c["pass_curve"].items())}}
+                         for c in runs] for mode, runs in cases.items()},
         "held_with_zero_misses": held,
         "held_ratio": held["fv"] / held["one_at_a_time"] if held["one_at_a_time"] else None,
         "kv_bytes_per_session_by_sessions": {str(c["sessions"]): c["kv_bytes_per_session"] for c in cases["fv"]},
@@ -183,21 +198,12 @@ def main() -> None:
                 "session flat in the number of sessions",
         "note": "held: the largest session count measured with zero deadline misses (counts are 1, 2, 4, 8, "
                 "16, so a count between two measured ones is not seen). Deadlines: a player starting one "
-                "period after the first chunk; first chunks are not deadline-checked (first_frame_s). "
-                "Admission is bypassed so misses show. Shared 2-core machine: see load_avg_1m.",
+                "period after the first chunk, on the next multiple of the period; first chunks are not "
+                "deadline-checked (first_frame_s). Admission is bypassed so misses show. Shared 2-core "
+                "machine: see load_avg_1m (the machine's, at the end of each case and of the run).",
     }  # fmt: skip
-    for runs in cases.values():
-        for case in runs:
-            case["pass_curve"] = {str(k): v for k, v in sorted(case["pass_curve"].items())}
     result["goal_met"] = bool(result["held_ratio"] and result["held_ratio"] >= 3)
-    default = Path(tempfile.gettempdir()) / "realtime_sessions_smoke.json" if args.smoke else None
-    out = Path(args.out or default or Path(__file__).parent / "results" / "realtime_sessions.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    plot(out.with_suffix(".png"), result)
-    print(
-        json.dumps({k: result[k] for k in ("session", "solo_chunk_s", "held_with_zero_misses", "held_ratio")})
-    )
+    return result
 
 
 def plot(path: Path, result: dict) -> None:

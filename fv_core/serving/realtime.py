@@ -7,8 +7,9 @@ is submitted, so steering takes effect at the next chunk boundary, and with seed
 session's frames depend only on what each chunk was asked (the interleave gate replays them).
 
 Deadlines model a player that starts one chunk period (``period_s``: frames per chunk / fps) after the
-first chunk arrives and then plays ``fps`` frames per second: chunk i is due when its first frame must
-show. A chunk is submitted when the one before it starts to play (one chunk of lookahead, so steering
+first chunk arrives, on the next multiple of the period (so sessions of one frame rate make their chunks
+at the same instants, and their steps and decodes batch), and then plays ``fps`` frames per second:
+chunk i is due when its first frame must show. A chunk is submitted when the one before it starts to play (one chunk of lookahead, so steering
 shows within two periods) with that due time as its scheduler deadline (EDF, see
 ``fv_core.runtime.policy``). A chunk that arrives late is a miss; the player stalls until it arrives.
 Achieved fps is frames over the playing time, stalls included. A session generates only while a client
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import statistics
 import time
 import uuid
@@ -266,13 +268,19 @@ class RealtimeSession:
                     break
                 chunk = await self._make(index, time.monotonic(), None if waited else due)
                 start = (
-                    chunk.done + self.period_s if chunk.deadline is None else max(chunk.done, chunk.deadline)
+                    self._aligned(chunk.done) if chunk.deadline is None else max(chunk.done, chunk.deadline)
                 )
                 due, index = start + len(chunk.frames) / self.fps, index + 1
         except Exception as exc:  # the chunk failed (closed session, engine stopped): the session ends
             self.closed = self.closed or f"{type(exc).__name__}: {exc}"
         finally:
             self._end()
+
+    def _aligned(self, done: float) -> float:
+        """When the player starts after a chunk that starts it: a period after ``done``, pushed on to the
+        next multiple of the period on the monotonic clock, so sessions of one frame rate submit their
+        chunks at the same instants and their steps batch (a later start by less than a period)."""
+        return math.ceil((done + self.period_s) / self.period_s) * self.period_s
 
     def _paused(self) -> bool:
         """No one listens, or a pausing client has not taken what it was sent."""

@@ -20,6 +20,7 @@ from fv_core.loop import Done, StepResult
 from fv_core.parity import check_batched_parity
 from fv_core.runtime import Engine
 from fv_core.testing import CardContract
+from fv_wan import causal_loop
 from fv_wan import causal_transformer as causal
 from fv_wan.bodies import decode_body
 from fv_wan.causal_loop import CausalWanLoop
@@ -199,19 +200,25 @@ def _items(model, batched_shapes=False):
 
 def test_chunk_steps_of_different_requests_batch(model, monkeypatch):
     """Chunk passes of requests with equal chunk shapes and context buckets share one call (rows padded
-    to the bucket); batched equals serial within the card's batched tolerance."""
-    rows = []
-    body = causal.chunk_body
+    to the bucket), and so do their chunk decodes (feature caches of equal shapes); batched equals serial
+    within the card's batched tolerance."""
+    rows, decoded = [], []
+    body, decode = causal.chunk_body, causal_loop.chunk_decode_body
 
     def spy(transformer, inputs):
         rows.append(inputs["latents"].shape[0])
         return body(transformer, inputs)
 
+    def decode_spy(vae, inputs):
+        decoded.append(inputs["latents"].shape[0])
+        return decode(vae, inputs)
+
     monkeypatch.setattr(causal, "chunk_body", spy)
-    monkeypatch.setattr("fv_wan.causal_loop.chunk_body", spy)
+    monkeypatch.setattr(causal_loop, "chunk_body", spy)
+    monkeypatch.setattr(causal_loop, "chunk_decode_body", decode_spy)
     tol = model.card.parity.tolerances["frames_batched"]
     report = check_batched_parity(Engine, _items(model, batched_shapes=True), tol)
-    assert report.ok and max(rows) >= 2
+    assert report.ok and max(rows) >= 2 and max(decoded) >= 2
     assert model.instance.kv_pool.used_pages == 0
 
 

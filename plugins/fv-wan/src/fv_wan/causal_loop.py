@@ -311,12 +311,27 @@ class CausalWanLoop(WanLoop):
         )
 
     def _decode_plan(self, state: LoopState) -> WorkPlan:
-        v = state.values
-        vae = pinned_module(self.instance, state, "vae")
+        """The chunk's decode; it batches with other requests' decodes whose feature caches match in shape
+        (sessions past the same number of frames' start-up)."""
+        inst, t, v = self.instance, state.tensors, state.values
+        vae = pinned_module(inst, state, "vae")
+        markers = v["vae_cache"]
+        inputs: dict[str, Any] = {
+            "latents": t["x"],
+            "cache_markers": None if markers is None else tuple(markers),
+        }
+        shapes = []
+        for i, m in enumerate(markers or []):
+            if m == "tensor":
+                inputs[f"cache.{i}"] = t[f"vae_cache.{i}"]
+                shapes.append(tuple(t[f"vae_cache.{i}"].shape[1:]))
+        signature = (tuple(t["x"].shape[1:]), inputs["cache_markers"], tuple(shapes))
+        precision = str(inst.dtype).removeprefix("torch.")
         return WorkPlan(
             kind=WorkUnitKind.VAE_TILE,
             body=partial(chunk_decode_body, vae),
-            inputs={"latents": state.tensors["x"], "cache": self._vae_cache(state)},
+            inputs=inputs,
+            batch_key=batch_key(inst, state, "vae", "chunk_decode", signature, precision),
             emits=("progress", "partial"),
             label=f"decode chunk {v['chunk'] + 1}/{v['chunks']}",
         )
@@ -341,9 +356,10 @@ class CausalWanLoop(WanLoop):
     def _decoded(self, state: LoopState, result: StepResult) -> None:
         """Keep the chunk's frames and the decoder's cache; the step's stream event carries the frames."""
         t, v, out = state.tensors, state.values, result.outputs
-        frames = out["frames"]
+        frames = out["frames"][0]
         t["frames"] = frames if "frames" not in t else torch.cat([t["frames"], frames], 0)
-        self._keep_vae_cache(state, out["cache"])
+        cache = [out[f"cache.{i}"] if m == "tensor" else m for i, m in enumerate(out["cache_markers"])]
+        self._keep_vae_cache(state, cache)
         # the step's "partial" event: this chunk's frames and latents (a stream consumer holds no cache)
         result.outputs = {"chunk": v["chunk"], "frames": frames, "latents": t["x"]}
         v["decoded"] = True
