@@ -36,6 +36,7 @@ shapes_1step_weights = partial(shipped, "shapes-1step")
 shapes_2step_weights = partial(shipped, "shapes-2step")
 shapes_nft_weights = partial(shipped, "shapes-nft")
 shapes_causal_weights = partial(shipped, "shapes-causal")
+shapes_causal_long_weights = partial(shipped, "shapes-causal-long")
 
 
 # ---- the table ----
@@ -292,6 +293,25 @@ TABLE = (
             "(configs/shapes/self_forcing.yaml)",
         ),
     ),
+    Row(
+        "wan2.1-t2v-shapes-causal-long",
+        "wan2.1-t2v-shapes-causal for long sessions: its causal transformer and loop with the shapes VAE's "
+        "decoder fine-tuned on 17- and 33-frame clips (configs/shapes/vae_long.yaml; encoder and latent "
+        "space unchanged), so frames past the 9 the shapes models trained on decode. Ships its transformer "
+        "and VAE; the text encoder, tokenizer and scheduler are the shapes model's files. Quality at 9, 17 "
+        "and 33 frames and under steering in bench/results/self_forcing_shapes_long.json and the README.",
+        replace(SHAPES, max_frames=129),
+        dict(num_frames=33, height=64, width=64, max_sequence_length=16, flow_shift=3.0, **CHUNKS),
+        ("t2v",),
+        weights="fv_wan.cards:shapes_causal_long_weights",
+        timesteps=CAUSAL_TIMESTEPS,
+        kv_bytes=4 << 20,
+        recipe=dict(
+            parents=["wan2.1-t2v-shapes-causal"],
+            consistency_required="C2",
+            description="wan2.1-t2v-shapes-causal's transformer with the decoder of configs/shapes/vae_long.yaml",
+        ),
+    ),
 )
 ROWS = {row.id: row for row in TABLE}
 
@@ -323,6 +343,7 @@ wan22_t2v_a14b = partial(card, "wan2.2-t2v-a14b")
 wan22_i2v_a14b = partial(card, "wan2.2-i2v-a14b")
 wan_tiny_causal = partial(card, "wan2.1-t2v-tiny-causal")
 wan_shapes_causal = partial(card, "wan2.1-t2v-shapes-causal")
+wan_shapes_causal_long = partial(card, "wan2.1-t2v-shapes-causal-long")
 CARDS = tuple(partial(card, row.id) for row in TABLE)
 
 

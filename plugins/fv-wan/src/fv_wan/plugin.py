@@ -25,6 +25,7 @@ CARDS = {
     "wan2.2-i2v-a14b": "fv_wan.cards:wan22_i2v_a14b",
     "wan2.1-t2v-tiny-causal": "fv_wan.cards:wan_tiny_causal",
     "wan2.1-t2v-shapes-causal": "fv_wan.cards:wan_shapes_causal",
+    "wan2.1-t2v-shapes-causal-long": "fv_wan.cards:wan_shapes_causal_long",
 }
 
 
