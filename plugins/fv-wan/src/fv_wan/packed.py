@@ -26,7 +26,6 @@ class Pack:
 
     requests: list[Prepared]  # each request's prepare(), as alone
     tokens: list[int]  # each request's patch tokens
-    modulation: torch.Tensor  # [1, tokens, 6, dim]: each token its request's timestep modulation
     rotary: tuple[torch.Tensor, torch.Tensor]  # rope (cos, sin) of every token, each on its own grid
     cu_seqlens: torch.Tensor  # request boundaries [N + 1]
     kernel: Callable[..., torch.Tensor]  # a packed_attention kernel (fv_core.kernels_packed signature)
@@ -46,15 +45,24 @@ def self_attention(attn, x: torch.Tensor, pack: Pack) -> torch.Tensor:
 
 
 def block_forward(block, hidden: torch.Tensor, pack: Pack, index: int) -> torch.Tensor:
-    """One WanTransformerBlock on a packed call (the math of :func:`fv_wan.transformer.block_forward`)."""
-    shift, scale, gate, c_shift, c_scale, c_gate = _modulation(block.scale_shift_table, pack.modulation)
-    norm = (block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
-    hidden = (hidden.float() + self_attention(block.attn1, norm, pack) * gate).type_as(hidden)
+    """One WanTransformerBlock on a packed call (the math of :func:`fv_wan.transformer.block_forward`).
+    The timestep modulation applies request by request, each segment's tokens broadcasting its own
+    [1, 1, dim] vectors as alone (a per-token copy of the six vectors would write and read six times
+    the hidden state every block)."""
+    mods = [_modulation(block.scale_shift_table, p.modulation) for p in pack.requests]
+
+    def each(fn, *xs: torch.Tensor) -> torch.Tensor:  # fn(request's modulation, its parts of xs)
+        parts = zip(mods, *(x.split(pack.tokens, 1) for x in xs), strict=True)
+        return torch.cat([fn(m, *x) for m, *x in parts], 1)
+
+    norm = each(lambda m, x: x * (1 + m[1]) + m[0], block.norm1(hidden.float())).type_as(hidden)
+    attn = self_attention(block.attn1, norm, pack)
+    hidden = each(lambda m, h, a: h + a * m[2], hidden.float(), attn).type_as(hidden)
     norm = block.norm2(hidden.float()).type_as(hidden)
     parts = zip(norm.split(pack.tokens, 1), pack.requests, strict=True)
     hidden = hidden + torch.cat([block_cross_attention(block.attn2, x, p, index) for x, p in parts], 1)
-    norm = (block.norm3(hidden.float()) * (1 + c_scale) + c_shift).type_as(hidden)
-    return (hidden.float() + block.ffn(norm).float() * c_gate).type_as(hidden)
+    norm = each(lambda m, x: x * (1 + m[4]) + m[3], block.norm3(hidden.float())).type_as(hidden)
+    return each(lambda m, h, f: h + f * m[5], hidden.float(), block.ffn(norm).float()).type_as(hidden)
 
 
 def wan_forward_packed(
@@ -80,12 +88,9 @@ def wan_forward_packed(
         prepare(model, latents[i], timestep[i : i + 1], kv[i], None, rows[i], lengths[i]) for i in range(n)
     ]
     tokens = [p.hidden.shape[1] for p in requests]
-    modulation = torch.cat(
-        [p.modulation[:, None].expand(-1, t, -1, -1) for p, t in zip(requests, tokens, strict=True)], 1
-    )
     rotary = (torch.cat([p.rotary[0] for p in requests], 1), torch.cat([p.rotary[1] for p in requests], 1))
     cu = torch.nn.functional.pad(torch.tensor(tokens, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
-    pack = Pack(requests, tokens, modulation, rotary, cu, kernel)
+    pack = Pack(requests, tokens, rotary, cu, kernel)
     hidden = torch.cat([p.hidden for p in requests], 1)
     for index, block in enumerate(model.blocks):
         hidden = block_forward(block, hidden, pack, index)
