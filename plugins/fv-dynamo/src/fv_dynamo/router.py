@@ -6,7 +6,9 @@ cost model. ``CostRouter`` is a Dynamo client that does: before a request it ask
 ``routing`` endpoint for its ``load`` (``export.backlog``: the predicted seconds the worker's calibrated
 cost model gives the work it holds), adds the requests it sent there that the worker had not taken in yet
 (at that worker's mean seconds per held request), and sends the request to the least loaded instance with
-``Client.direct``. Picks are made one at a time, so a burst spreads instead of landing on one idle worker::
+``Client.direct``. The choices are made one at a time against what this router has sent, so a burst
+spreads instead of landing on one idle worker. A worker answers its load at its engine's next step
+boundary, so a request waits up to one step of each busy worker before it is sent::
 
     router = await CostRouter.connect(runtime, "fv", "wan2.1-t2v-tiny")
     async for answer in router.send({"model": ..., "prompt": ..., "nvext": {"num_frames": 9}}): ...
@@ -66,7 +68,6 @@ class CostRouter:
     def __init__(self, requests: Any, routing: Any) -> None:
         self.requests, self.routing = requests, routing
         self.sent: dict[int, int] = {}  # instance -> requests sent and not answered yet
-        self._pick = asyncio.Lock()
 
     @classmethod
     async def connect(cls, runtime: Any, namespace: str, model: str, endpoint: str = "videos") -> CostRouter:
@@ -90,7 +91,9 @@ class CostRouter:
 
     async def pick(self) -> int:
         """The instance with the least predicted seconds, counting requests it has not taken in yet."""
-        loads = await self.loads()
+        return self._least(await self.loads())
+
+    def _least(self, loads: dict[int, dict[str, float]]) -> int:
         if not loads:
             raise RuntimeError("no fv worker instance is registered for this model")
 
@@ -104,9 +107,8 @@ class CostRouter:
 
     async def send(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The worker's answers to ``request``, from the instance ``pick`` chose."""
-        async with self._pick:
-            instance = await self.pick()
-            self.sent[instance] = self.sent.get(instance, 0) + 1
+        instance = self._least(await self.loads())  # concurrent requests ask at once; each choice is atomic
+        self.sent[instance] = self.sent.get(instance, 0) + 1
         try:
             async for answer in await self.requests.direct(request, instance):
                 yield answer.data()
