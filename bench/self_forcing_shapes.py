@@ -9,15 +9,24 @@ window rolls): the detector per attribute on frames 0..8, on frames 8..16 and on
 shape is still in view, the strip bench/results/self_forcing_shapes.png, and the teacher's own 17-frame
 videos beside it (it was trained on 9 frames too). Writes bench/results/self_forcing_shapes.json.
 
+With ``--student wan2.1-t2v-shapes-causal-long --long-frames 33`` (the card whose VAE decodes long
+videos) the rollout is 33 frames, read on frames 0..8, 8..16 and 16..32 as well, and steering is
+measured: a session's first 9 frames as one combination asks, then two chunks (8 frames) of a new
+prompt, another colour and the direction across the old one towards the centre (so the object stays in
+view); the detector's colour on the second new chunk and direction over the two against the new prompt.
+
     fv train configs/shapes/self_forcing.yaml && fv train configs/shapes/self_forcing_stage2.yaml
     python bench/self_forcing_shapes.py --weights fv-data/runs/shapes-self-forcing-stage2/final
     # (default --weights: the shipped card's, plugins/fv-wan/src/fv_wan/weights/shapes-causal)
+    python bench/self_forcing_shapes.py --student wan2.1-t2v-shapes-causal-long --long-frames 33 \
+        --skip-teacher --out bench/results/self_forcing_shapes_long.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -98,28 +107,61 @@ def in_view(video: torch.Tensor) -> int:
     return seen
 
 
-def long_rollout(model: Any, strip: Path | None) -> dict[str, Any]:
-    """17 frames: the detector on the first 9 frames, on frames 8..16 (the part past training length),
-    and on the whole span where the object stays in view; plus the strip."""
+def long_rollout(model: Any, strip: Path | None, frames: int = LONG_FRAMES) -> dict[str, Any]:
+    """``frames`` frames: the detector on the first 9 frames, on frames 8..16 (the part past training
+    length), 16..32 when that long, and on the whole span where the object stays in view; the strip."""
     pairs = all_pairs()
-    clips, _ = videos(model, pairs, LONG_FRAMES)
+    clips, _ = videos(model, pairs, frames)
     views = [in_view(v) for v in clips]
-    out: dict[str, Any] = {"frames": LONG_FRAMES, "videos": len(clips)}
+    out: dict[str, Any] = {"frames": frames, "videos": len(clips)}
     spans = {
         "frames_0_8": [v[:9] for v in clips],
-        "frames_8_16": [v[8:] for v in clips],
+        "frames_8_16": [v[8:17] for v in clips],
+        **({"frames_16_32": [v[16:33] for v in clips]} if frames >= 33 else {}),
         "in_view": [v[: max(2, n)] for v, n in zip(clips, views, strict=True)],
     }
     for name, part in spans.items():
         report = score(pairs, [detect(v) for v in part])["all"]
         out[name] = {k: report[k] for k in ("colour", "shape", "direction", "joint")}
     out["in_view_frames_mean"] = round(sum(views) / len(views), 2)
-    out["in_view_all_17"] = sum(n == LONG_FRAMES for n in views)
+    out[f"in_view_all_{frames}"] = sum(n == frames for n in views)
     if strip is not None:  # seed 0 of each strip combination (pairs are seed-major)
         picked = [clips[shapes.ALL_COMBOS.index(combo)] for combo in STRIP_COMBOS]
         labels = [f"{c} {s}\nmoving {d}" for c, s, d in STRIP_COMBOS]
-        save_strip(picked, labels, strip, frames=tuple(range(0, LONG_FRAMES, 2)))
+        save_strip(picked, labels, strip, frames=tuple(range(0, frames, 2 if frames <= 17 else 4)))
     return out
+
+
+def steered(model: Any) -> dict[str, Any]:
+    """Sessions of 9 frames as a combination asks, then 2 chunks of a new prompt: the next colour of the
+    palette and the direction across the old one towards the centre. The detector's colour on the second
+    new chunk (frames 13..16) and direction over both (frames 8..16) against the new prompt."""
+    from fv_core.runtime import Engine
+
+    colours, hits = list(shapes.COLOURS), {"colour": 0, "colour_first_chunk": 0, "direction": 0}
+    for spec, seed in all_pairs():
+        sid = model.open_session()
+        try:
+            asks = [dict(prompt=spec.caption, num_frames=9), {}]
+            parts = []
+            for i, ask in enumerate(asks):
+                if i == 1:
+                    x, y = detect(parts[0][-1:]).start or (32.0, 32.0)
+                    across = ("up" if y > 32 else "down") if spec.direction in ("left", "right") else None
+                    turn = across or ("left" if x > 32 else "right")
+                    colour = colours[(colours.index(spec.colour) + 1) % len(colours)]
+                    ask = dict(prompt=shapes.caption(colour, spec.shape, turn), num_frames=5)  # 2 chunks
+                request = model.prepare(dict(ask, seed=seed + i, session_id=sid))
+                with torch.inference_mode():
+                    parts.append(Engine().run_one(*model.job(request)).outputs["frames"].float())
+        finally:
+            model.close_session(sid)
+        video = torch.cat(parts)
+        hits["colour"] += detect(video[-4:]).colour == colour
+        hits["colour_first_chunk"] += detect(video[9:13]).colour == colour
+        hits["direction"] += detect(video[8:]).direction == turn
+    n = len(all_pairs())
+    return {"sessions": n, **{k: round(v / n, 4) for k, v in hits.items()}}
 
 
 def main() -> None:
@@ -129,6 +171,10 @@ def main() -> None:
     parser.add_argument("--weights", default=None, help="the causal student's folder (default: the card's)")
     parser.add_argument("--out", default=str(REPO / "bench/results/self_forcing_shapes.json"))
     parser.add_argument("--skip-teacher", action="store_true")
+    parser.add_argument(
+        "--student", default=STUDENT, help="the causal card (its long twin: --long-frames 33)"
+    )
+    parser.add_argument("--long-frames", type=int, default=LONG_FRAMES, help="frames of the long rollout")
     args = parser.parse_args()
     torch.set_num_threads(1)
     host = plugins()
@@ -137,16 +183,19 @@ def main() -> None:
     if not args.skip_teacher:
         rows.append(evaluate(teacher, f"{TEACHER} (30 UniPC steps, bidirectional)"))
         print(json.dumps(rows[-1]))
-    base = load(STUDENT, teacher.weights, host)
-    rows.append(evaluate(base, f"{STUDENT} loop, teacher weights (no training)"))
-    print(json.dumps(rows[-1]))
-    student = load(STUDENT, args.weights, host)
-    rows.append(evaluate(student, f"{STUDENT} (self-forcing)"))
+    if not args.skip_teacher:
+        base = load(args.student, teacher.weights, host)
+        rows.append(evaluate(base, f"{args.student} loop, teacher weights (no training)"))
+        print(json.dumps(rows[-1]))
+    student = load(args.student, args.weights, host)
+    rows.append(evaluate(student, f"{args.student} (self-forcing)"))
     print(json.dumps(rows[-1]))
     met = {axis: rows[-1][axis] >= bound for axis, bound in TARGETS.items()}
     out = Path(args.out)
-    long = long_rollout(student, out.with_suffix(".png"))
+    long = long_rollout(student, out.with_suffix(".png"), args.long_frames)
     print(json.dumps(long))
+    steering = steered(student) if args.long_frames > LONG_FRAMES else None
+    print(json.dumps(steering))
     # the teacher was trained on 9 frames too: how its own 17-frame videos fare (the shapes VAE itself loses
     # colour past frame 9 on ground-truth clips: bench/results/inferix_drift.json, vae_round_trip_17_frames)
     teacher_long = long_rollout(teacher, None) if not args.skip_teacher else None
@@ -156,13 +205,15 @@ def main() -> None:
         "frames": shapes.FRAMES,
         "table": rows,
         "targets": {"bounds": TARGETS, "met": met, "all_met": all(met.values())},
-        "rollout_17_frames": long,
+        f"rollout_{args.long_frames}_frames": long,
+        "steering": steering,
         "teacher_17_frames": teacher_long,
         "recipe": json.loads(recipe_path.read_text()) if recipe_path.is_file() else None,
         "torch_threads": 1,
+        "load_avg": os.getloadavg(),
     }
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"targets": result["targets"], "rollout_17_frames": long}, indent=2))
+    print(json.dumps({"targets": result["targets"], "long": long, "steering": steering}, indent=2))
 
 
 if __name__ == "__main__":
