@@ -140,6 +140,7 @@ async def serve_trace(model: Any, trace: list[Arrival], gap_s: float, policy: st
     stats = {
         "decisions": inner.decisions.as_dict(),
         "cost_median_rel_error": inner.cost.accuracy()["median_rel_error"],
+        "cost_median_rel_error_warm": inner.cost.accuracy()["median_rel_error_warm"],
     }
     return summarize(policy, trace, done, clock, wall) | stats | {"outputs": outputs}
 

@@ -162,6 +162,7 @@ async def serve(models: Models, trace: list[Arrival], gap_s: float, policy: str,
         "first": dict(clock.first),
         "decisions": inner.decisions.as_dict(),
         "cost_median_rel_error": inner.cost.accuracy()["median_rel_error"],
+        "cost_median_rel_error_warm": inner.cost.accuracy()["median_rel_error_warm"],
     }
 
 
@@ -176,6 +177,7 @@ def summarize(run: dict[str, Any], solo: dict[tuple[str, int], float]) -> dict[s
         "latency_p95_s": pct(list(lat.values()), 0.95),
         "ttfs_p50_s": pct([first[rid] - a for rid, (_, _, a, _) in done.items()], 0.5),
         "cost_median_rel_error": run["cost_median_rel_error"],
+        "cost_median_rel_error_warm": run["cost_median_rel_error_warm"],
         "decisions": run["decisions"],
         "latencies_s": sorted(lat.values()),
         "families": {},

@@ -113,6 +113,7 @@ class CostModel:
         self.predicted_s = 0.0  # predicted seconds of every recorded call
         self.measured_s = 0.0  # measured seconds of the same calls
         self.errors: deque[float] = deque(maxlen=256)  # |measured / predicted - 1| of the latest calls
+        self.warm_errors: deque[float] = deque(maxlen=256)  # the same, of calls priced after warm-up
         self._stages: dict[Hashable, float] = {}  # (program, stage, instance) -> EMA of its seconds
 
     def register(self, loop_id: str, step_cost: StepCostModel) -> None:
@@ -241,18 +242,31 @@ class CostModel:
         apart = sum(self.predict(s, p) for s, p in zip(states, plans, strict=True))
         return key, rows, apart if curve is None else curve
 
-    def record(self, predicted_s: float, measured_s: float) -> None:
-        """Keep one call's predicted and measured seconds (the accuracy the fleet sees)."""
+    def warm(self, key: Hashable | None, rows: int, calls: int = 3) -> bool:
+        """Whether calls of ``rows`` rows of ``key`` are past warm-up: priced from ``calls`` measured ones."""
+        curve = self._curves.get(key) if key is not None else None
+        return curve is not None and len(curve.recent.get(rows, ())) >= calls
+
+    def record(self, predicted_s: float, measured_s: float, warm: bool = False) -> None:
+        """Keep one call's predicted and measured seconds (the accuracy the fleet sees); ``warm``: it was
+        priced after warm-up (see ``warm``)."""
         if predicted_s <= 0 or measured_s <= 0:
             return
         with self._lock:
             self.predicted_s += predicted_s
             self.measured_s += measured_s
             self.errors.append(abs(measured_s / predicted_s - 1))
+            if warm:
+                self.warm_errors.append(abs(measured_s / predicted_s - 1))
 
     def accuracy(self) -> dict[str, float]:
-        """Summed predicted and measured call seconds, and the median relative error of the latest calls."""
+        """Summed predicted and measured call seconds, and the median relative error of the latest calls
+        (all, and those priced after warm-up)."""
         with self._lock:
-            errors = list(self.errors)
-        median = statistics.median(errors) if errors else 0.0
-        return {"predicted_s": self.predicted_s, "measured_s": self.measured_s, "median_rel_error": median}
+            errors, warm = list(self.errors), list(self.warm_errors)
+        return {
+            "predicted_s": self.predicted_s,
+            "measured_s": self.measured_s,
+            "median_rel_error": statistics.median(errors) if errors else 0.0,
+            "median_rel_error_warm": statistics.median(warm) if warm else 0.0,
+        }

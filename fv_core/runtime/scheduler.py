@@ -278,8 +278,8 @@ class Scheduler:
                     self._fold(entry, res[i] if isinstance(res, list) else res)
             measured = measured_s(res, len(call.entries) if isinstance(call, Batch) else 1)
             if measured > 0:
+                self.cost.record(predicted, measured, self.cost.warm(key, rows))
                 self.cost.observe_call(key, rows, measured)
-                self.cost.record(predicted, measured)
             self.clock += predicted
         for entry in out.finished:
             self._finish_stage(entry)

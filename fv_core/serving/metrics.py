@@ -144,6 +144,11 @@ class SchedulingCollector:
             "Median |measured / predicted - 1| over the latest 256 calls",
             value=acc["median_rel_error"],
         )
+        yield GaugeMetricFamily(
+            "fv_step_cost_error_median_warm",
+            "The same, over calls priced after warm-up (3 measured calls of their shape and rows)",
+            value=acc["median_rel_error_warm"],
+        )
         decisions = CounterMetricFamily(
             "fv_schedule_decisions",
             "Scheduler decisions: batch, alone (run-alone), preempt, probe, late, split (out of memory)",

@@ -207,6 +207,7 @@ def test_metrics_export_the_policy_predicted_vs_measured_cost_and_decisions(mode
     acc = engine.cost.accuracy()
     assert f"fv_step_cost_predicted_seconds_total {acc['predicted_s']!r}" in text
     assert f"fv_step_cost_measured_seconds_total {acc['measured_s']!r}" in text and acc["measured_s"] > 0
+    assert f"fv_step_cost_error_median_warm {acc['median_rel_error_warm']!r}" in text
 
 
 class Unbatchable:
@@ -251,3 +252,18 @@ def test_one_family_does_not_starve_another_on_a_mixed_engine(model, denoise, de
     assert sum(k.startswith("chat") for k in done) >= 25  # and the chats kept being served
     starved = serve_two_families(SchedulingPolicy("auto", max_wait_factor=1000.0), model, denoise, decode)
     assert "video" not in starved
+
+
+def test_batch_curves_take_the_median_and_the_error_after_warm_up_is_kept_apart():
+    cost = CostModel()
+    assert not cost.warm(KEY, 1)
+    for seconds in (2.0, 1.0, 1.0):
+        cost.observe_call(KEY, 1, seconds)
+    assert cost.batch_cost(KEY, 1) == 1.0  # the median of the latest calls: one slow call moves nothing
+    assert cost.warm(KEY, 1) and not cost.warm(KEY, 2)  # three calls of one row measured, none of two
+    cost.record(0.5, 1.0)  # a call priced during warm-up, 100 % off
+    cost.record(1.0, 1.1, warm=True)
+    acc = cost.accuracy()
+    assert acc["median_rel_error"] == pytest.approx(0.55) and acc["median_rel_error_warm"] == pytest.approx(
+        0.1
+    )
