@@ -115,6 +115,7 @@ class CostModel:
         self.errors: deque[float] = deque(maxlen=256)  # |measured / predicted - 1| of the latest calls
         self.warm_errors: deque[float] = deque(maxlen=256)  # the same, of calls priced after warm-up
         self._stages: dict[Hashable, float] = {}  # (program, stage, instance) -> EMA of its seconds
+        self._steps: dict[Hashable, float] = {}  # (open-ended loop, instance) -> EMA of its steps
 
     def register(self, loop_id: str, step_cost: StepCostModel) -> None:
         """Use a LoopSpec's step cost model for plans of ``loop_id`` that carry no cost_s."""
@@ -231,6 +232,17 @@ class CostModel:
     def stages_s(self, program: str, stages: list[str], instance: Any) -> float:
         """Predicted seconds of program stages not yet started (each 0 until one ran on ``instance``)."""
         return sum(self._stages.get((program, stage, id(instance)), 0.0) for stage in stages)
+
+    def observe_steps(self, loop_id: str, instance: Any, steps: int) -> None:
+        """An open-ended loop (no ``total_steps``: AR decoding) of ``loop_id`` finished after ``steps``."""
+        key = (loop_id, id(instance))
+        with self._lock:
+            old = self._steps.get(key)
+            self._steps[key] = steps if old is None else (1 - self.alpha) * old + self.alpha * steps
+
+    def open_steps(self, loop_id: str, instance: Any, cap: int) -> float:
+        """Steps an open-ended loop is priced at: what such loops took before (EMA), else ``cap``."""
+        return min(cap, self._steps.get((loop_id, id(instance)), cap))
 
     def price_call(
         self, states: list[LoopState], plans: list[WorkPlan]

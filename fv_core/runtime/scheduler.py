@@ -7,13 +7,13 @@ budgets allow (AdmissionController), plan each running request's next WorkUnit, 
 is priced before it runs (batch curve, else the calibrated plans) and measured after (seconds; peak bytes
 once per key and rows, memory.py): measurements feed the cost model, predictions advance the clock the auto
 policy counts ages on. A batched call that runs out of memory is split, its rows retried alone (oom.py).
+
 Loops may define ``estimate(state) -> (raw_seconds, peak_bytes)`` for their remaining work; otherwise
-admission budgets the first plan's cost times the remaining steps (``total_steps``, or ``open_loop_steps``
-when unknown). Loops that write a paged KV pool define ``kv_need(state) -> (pool, pages)``: the most pages the
-stage holds at once (pages it already holds included, e.g. those an earlier program stage handed it); a
-request is admitted only when the pool has that many pages unpromised, so it waits instead of running out. A
-program stage's reservation is returned before the next stage's is made, and the next stage goes ahead of new
-requests, so pages one stage hands the next are counted once, and this scheduler admits nobody else meanwhile.
+admission budgets the first plan's cost times the steps left (``total_steps``; when unknown, what such loops
+took before, at most ``open_loop_steps``). Loops writing a paged KV pool define ``kv_need(state) -> (pool,
+pages)``: the most pages the stage holds at once (with pages an earlier stage handed it); a request is
+admitted only when the pool has them unpromised (it waits, never runs out). A stage's reservation is returned
+before the next stage's is made; the next stage goes ahead of new requests: handed pages count once.
 
 ``at_boundary(fn)`` runs ``fn(scheduler)`` at the start of the next tick, before cancellations and admission:
 no step runs and nothing is admitted meanwhile (a weight sync swaps weights there). Loops that pin their
@@ -405,8 +405,9 @@ class Scheduler:
         ratio = self.cost.ratio(calibration_key(state, plan))
         if hasattr(loop, "estimate"):
             return loop.estimate(state)[0] * ratio
-        left = self.config.open_loop_steps if state.total_steps is None else state.total_steps - state.step
-        return plan.cost_s * ratio * max(left, 1)
+        cap, known = self.config.open_loop_steps, state.total_steps
+        total = self.cost.open_steps(state.loop_id, entry.instance, cap) if known is None else known
+        return plan.cost_s * ratio * max(total - state.step, 1)
 
     def _enqueue(self, entry: Entry, rank: int) -> None:
         entry.phase = "waiting"
@@ -432,14 +433,13 @@ class Scheduler:
             entry = self.entries.get(self._cancel_ids.pop())
             if entry is not None and entry.phase in ("waiting", "running"):
                 error = Cancelled(f"request {entry.request_id!r} was cancelled: {entry.cancel_reason}")
-                self._close(
-                    entry,
-                    error,
-                    StreamEvent("cancelled", entry.request_id, entry.active_loop.state.step, data=error),
-                )
+                step = entry.active_loop.state.step
+                self._close(entry, error, StreamEvent("cancelled", entry.request_id, step, data=error))
 
     def _finish_stage(self, entry: Entry) -> None:
         assert isinstance(entry.pending, Done), "only entries whose plan returned Done finish"
+        if (state := entry.active_loop.state).total_steps is None:  # how long open-ended loops run
+            self.cost.observe_steps(state.loop_id, entry.instance, state.step)
         try:
             result = self.runner.finish(entry.active_loop, entry.pending.reason)
         except Exception as exc:  # e.g. non-finite outputs: this request fails, the others go on

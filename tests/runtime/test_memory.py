@@ -6,6 +6,7 @@ stages count in its remaining work."""
 import math
 from dataclasses import replace
 
+import pytest
 import torch
 
 from fv_core.loop import LoopContext
@@ -15,7 +16,7 @@ from fv_core.runtime import Budget, CostModel, Engine, SchedulingPolicy
 from fv_core.runtime.admission import resident_bytes
 from fv_core.runtime.cost import curve_key
 from fv_core.runtime.memory import device_memory_bytes, measure_peak
-from tests.runtime.synthetic import DenoiseLoop
+from tests.runtime.synthetic import DecodeLoop, DenoiseLoop
 from tests.runtime.test_oom import OomDenoise, items
 
 KEY = ("denoise", "diffusion_step", "bucket")
@@ -119,3 +120,35 @@ class Rows(DenoiseLoop):
     def denoise_body(self, inputs):
         self.rows.append(inputs["x"].shape[0])
         return super().denoise_body(inputs)
+
+
+class OpenDecode(DecodeLoop):
+    """AR decoding whose step count is not known in advance (as BAGEL's chat: ``total_steps`` is None)."""
+
+    def init(self, request, instance, ctx):
+        state = super().init(request, instance, ctx)
+        state.values["cap"], state.total_steps = state.total_steps, None
+        return state
+
+    def next(self, state):
+        state.total_steps = state.values["cap"]
+        try:
+            return super().next(state)
+        finally:
+            state.total_steps = None
+
+
+def test_open_ended_loops_are_priced_at_the_steps_such_loops_took_before(model):
+    """Not at the open-loop cap (256 steps), which would rank a short chat behind every video."""
+    loop, engine = OpenDecode(model), Engine(scheduling=SchedulingPolicy("auto"))
+    params = {"max_tokens": 4, "temperature": 0.0}
+    capped = engine.scheduler(batching=False).submit(loop, Request("a", params=params), model).need
+    assert engine.cost.open_steps("decode", model, 256) == 256
+    engine.run_one(loop, Request("b", params=params), model)
+    assert engine.cost.open_steps("decode", model, 256) == 4
+    learned = engine.scheduler(batching=False).submit(loop, Request("c", params=params), model).need
+    ratio = engine.cost.ratio(("decode", "ar_token", f"synthetic-{id(model)}"))
+    assert (
+        learned.compute_s == pytest.approx(4 * loop.step_cost_s * ratio)
+        and capped.compute_s == 256 * loop.step_cost_s
+    )
