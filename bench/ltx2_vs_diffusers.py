@@ -1,12 +1,14 @@
 """fv vs diffusers' LTX2Pipeline on one medium random-weight LTX-2 checkpoint (CPU), side by side.
 
 Usage: python bench/ltx2_vs_diffusers.py [--steps 8] [--repeats 3] [--threads 1] [--out PATH] [--smoke]
+       [--split-only]
 
 Both run in this process, interleaved repeat by repeat (min and median reported; this machine is
 noisy): single-request latency with all three guidance branches on (fv: its text features and prompt
 keys/values cached, warm, and emptied before each call, cold), 4 concurrent requests (fv's engine batching each branch across requests vs diffusers called
-serially), the two-stage program vs one stage at the same output size (fv), and fv-cache-dit's
-speedup with the PSNR it costs on video and audio. Weights are random: this measures speed only.
+serially), the two-stage program vs one stage at the same output size (fv), fv-cache-dit's
+speedup with the PSNR it costs on video and audio, and where fv's time goes (seconds by work kind, and
+each denoise branch's seconds per row at 1 and 4 requests). Weights are random: this measures speed only.
 Writes JSON and a PNG next to it.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -70,6 +73,11 @@ def main() -> None:
         "--smoke", action="store_true", help="tiny sizes, one repeat: checks the script end to end"
     )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "ltx2_vs_diffusers.json"))
+    ap.add_argument(
+        "--split-only",
+        action="store_true",
+        help="measure only where fv's time goes (fv_time_split) into the JSON already at --out",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     size = dict(num_frames=9, height=64, width=64) if args.smoke else SIZE
@@ -79,14 +87,40 @@ def main() -> None:
 
         folder = Path(tmp) / "ltx2-medium"
         write_tiny_checkpoint(folder, transformer=None if args.smoke else MEDIUM)
-        result = run(str(folder), size, steps, repeats)
-    result["machine"] = {"cpu": platform.processor() or platform.machine(), "torch_threads": args.threads}
-    result["request"] = {**size, "steps": steps, **GUIDANCE, "repeats": repeats, "smoke": args.smoke}
+        result = (
+            split_only(str(folder), size, steps)
+            if args.split_only
+            else run(str(folder), size, steps, repeats)
+        )
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "torch_threads": args.threads,
+        "load_avg_1m": os.getloadavg()[0],
+    }
     out = Path(args.out)
+    if args.split_only:  # the other sections stay those of the last full run
+        result = {**json.loads(out.read_text()), **result, "fv_time_split_machine": machine}
+    else:
+        result["machine"] = machine
+        result["request"] = {**size, "steps": steps, **GUIDANCE, "repeats": repeats, "smoke": args.smoke}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     plot(out.with_suffix(".png"), result)
     print(json.dumps(result, indent=2))
+
+
+def split_only(folder: str, size: dict, steps: int) -> dict:
+    """Only :func:`time_split`, on the same request (warm caches, as the full run's)."""
+    import fv_core
+    from fv_core.plugins import load_plugins
+
+    model = fv_core.load(folder, host=load_plugins(env={"FV_PLUGINS": "fv-ltx2"}))
+    ask = dict(
+        **size, num_inference_steps=steps, max_sequence_length=128, spatio_temporal_guidance_blocks=[1]
+    )
+    ask |= GUIDANCE
+    time_split(model, ask)  # warm-up (loads, text caches)
+    return {"fv_time_split": time_split(model, ask)}
 
 
 def run(folder: str, size: dict, steps: int, repeats: int) -> dict:
@@ -160,7 +194,51 @@ def run(folder: str, size: dict, steps: int, repeats: int) -> dict:
         "two_stage": two,
         "cache_dit": cache_result,
         "fv_calls_per_step": fv_calls(model, ask),
+        "fv_time_split": time_split(model, ask),
     }
+
+
+BODIES = ("encode_body", "denoise_body", "decode_video_body", "decode_audio_body")
+
+
+def time_split(model, ask: dict) -> dict:
+    """Where fv's time goes, 1 request vs 4 batched (warm caches): seconds in each step body (the loop's
+    bodies wrapped in timers for these runs; the engine's own step times skip calls it measures memory
+    on), and each denoise branch's seconds per row (median): whether rows cost less together."""
+    from fv_core.runtime import Engine
+    from fv_ltx2 import t2av_loop
+
+    def timer(name: str, body, log: dict):
+        def run(*args):
+            start = time.perf_counter()
+            out = body(*args)
+            seconds = time.perf_counter() - start
+            log["seconds"][name] = log["seconds"].get(name, 0.0) + seconds
+            if name == "denoise_body":  # args: transformer, statics, branch, inputs
+                log["per_row"].setdefault(args[2], []).append(seconds / args[3]["latents"].shape[0])
+            return out
+
+        return run
+
+    out = {}
+    originals = {name: getattr(t2av_loop, name) for name in BODIES}
+    try:
+        for case, prompts in (("single", PROMPTS[:1]), ("batched4", PROMPTS)):
+            log: dict = {"seconds": {}, "per_row": {}}
+            for name, body in originals.items():
+                setattr(t2av_loop, name, timer(name, body, log))
+            items = [model.job(model.prepare({"prompt": p, "seed": i, **ask})) for i, p in enumerate(prompts)]
+            wall = timed(lambda: Engine().run_batched(items))[0]  # noqa: B023
+            out[case] = {
+                "wall_s": wall,
+                "seconds_by_body": log["seconds"],
+                "other_s": wall - sum(log["seconds"].values()),
+                "denoise_s_per_row": {b: statistics.median(v) for b, v in log["per_row"].items()},
+            }
+    finally:
+        for name, body in originals.items():
+            setattr(t2av_loop, name, body)
+    return out
 
 
 def fv_calls(model, ask: dict) -> dict:
