@@ -2,13 +2,15 @@
 
 A real-time session makes one chunk per period (``period_s``: frames per chunk / fps). With n sessions
 held, each period the instance makes n chunks: their transformer passes batch across the sessions (one
-call of n rows, priced by the batch curve of the chunk pass), the rest of a chunk (decode, prompt,
-bookkeeping) runs once per session. The predicted round, every session making one chunk::
+call of n rows, priced by the batch curve of the chunk pass), and so do their decodes (priced by the
+decode's batch curve, once measured); the rest of a chunk (prompt, bookkeeping) runs once per session.
+The predicted round, every session making one chunk::
 
-    round_s(n) = solo_s * ((1 - batched_share) * n + batched_share * curve(n) / curve(1))
+    round_s(n) = solo_s * ((1 - batched_share - decode_share) * n
+                           + batched_share * curve(n) / curve(1) + decode_share * decode_curve(n) / decode_curve(1))
 
-``solo_s`` is a chunk made alone (measured), ``batched_share`` the part of it spent in passes that
-batch. The scheduler runs deadline work earliest deadline first, which meets every deadline whenever
+``solo_s`` is a chunk made alone (measured), ``batched_share`` / ``decode_share`` the parts of it spent
+in passes and in the decode that batch. The scheduler runs deadline work earliest deadline first, which meets every deadline whenever
 the round fits the tightest period; so a session is admitted only while ``round_s <= headroom x
 period_s`` with it counted, and refused otherwise with these numbers instead of letting every session
 miss.
@@ -29,15 +31,19 @@ class ChunkCost:
     solo_s: float  # seconds of one chunk made alone
     batched_share: float = 0.0  # fraction of solo_s in passes that batch across sessions (0..1)
     curve: Callable[[int], float | None] | None = None  # seconds of one batched pass by rows
+    decode_share: float = 0.0  # fraction of solo_s in the chunk's decode (0: decodes priced per session)
+    decode_curve: Callable[[int], float | None] | None = None  # seconds of one batched decode by rows
 
     def round_s(self, sessions: int) -> float:
         """Predicted seconds for ``sessions`` sessions to make one chunk each."""
-        one = self.curve(1) if self.curve is not None else None
-        many = self.curve(sessions) if self.curve is not None else None
-        if not one or many is None or self.batched_share <= 0:
-            return self.solo_s * sessions
-        share = min(1.0, self.batched_share)
-        return self.solo_s * ((1 - share) * sessions + share * many / one)
+        apart, together = 1.0, 0.0  # shares of solo_s run once per session, and scaled by a curve
+        for share, curve in ((self.batched_share, self.curve), (self.decode_share, self.decode_curve)):
+            one = curve(1) if curve is not None else None
+            many = curve(sessions) if curve is not None else None
+            if one and many is not None and share > 0:
+                share = min(apart, share)
+                apart, together = apart - share, together + share * many / one
+        return self.solo_s * (apart * sessions + together)
 
 
 @dataclass(slots=True)

@@ -373,15 +373,21 @@ class RealtimeSessions:
         if solo is None:
             return None
         loop_id = loaded.program(None)[1].stages[0]
-        curves = [
-            c for k, c in self.engine.engine.cost.curves().items()
-            if isinstance(k, tuple) and k[0] == loop_id and k[1] == "diffusion_step" and c.seconds
-        ]  # fmt: skip
-        if not self.engine.batching or not curves:
+
+        def measured(kind: str) -> Any:  # the most measured batch curve of the loop's units of kind
+            curves = [
+                c for k, c in self.engine.engine.cost.curves().items()
+                if isinstance(k, tuple) and k[0] == loop_id and k[1] == kind and c.seconds
+            ]  # fmt: skip
+            return max(curves, key=lambda c: len(c.seconds)) if curves else None
+
+        curve, decode = measured("diffusion_step"), measured("vae_tile")
+        if not self.engine.batching or curve is None:
             return ChunkCost(solo)
-        curve = max(curves, key=lambda c: len(c.seconds))
-        one = curve.predict(1) or 0.0
-        return ChunkCost(solo, (steps + 1) * one / solo, curve.predict)
+        share = (steps + 1) * (curve.predict(1) or 0.0) / solo  # the denoise steps and the cache write
+        if decode is None:
+            return ChunkCost(solo, share, curve.predict)
+        return ChunkCost(solo, share, curve.predict, (decode.predict(1) or 0.0) / solo, decode.predict)
 
     def admit(self, session: RealtimeSession) -> dict[str, Any] | None:
         """Hold ``session`` if the instance meets its deadlines and those of the sessions it holds: the

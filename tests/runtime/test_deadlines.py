@@ -65,6 +65,11 @@ def test_admission_predicts_the_round_from_the_solo_chunk_and_the_batch_curve():
     assert shared.round_s(1) == pytest.approx(0.2)
     assert shared.round_s(4) == pytest.approx(0.2 * (0.2 * 4 + 0.8 * 1.3))  # the passes batch, the rest not
     assert ChunkCost(0.2).round_s(4) == pytest.approx(0.8)  # no batching: sessions add up
+    decodes = ChunkCost(
+        0.2, 0.6, lambda rows: 1.0 + 0.1 * (rows - 1), 0.3, lambda rows: 1.0 + 0.5 * (rows - 1)
+    )
+    assert decodes.round_s(1) == pytest.approx(0.2)
+    assert decodes.round_s(4) == pytest.approx(0.2 * (0.1 * 4 + 0.6 * 1.3 + 0.3 * 2.5))  # decodes batch too
     assert most_sessions(0.4, ChunkCost(0.2)) == 1 and most_sessions(0.4, shared) == 3
     assert most_sessions(0.1, shared) == 0
     held = predict_load([0.4] * 3, shared)
