@@ -192,8 +192,9 @@ class CostModel:
                 curve.oom_rows = rows + 1  # evidence: this many rows fit now
 
     def wants_peak(self, key: Hashable | None, rows: int) -> bool:
-        """Whether a call of ``rows`` rows of ``key`` should have its peak bytes measured (not yet done)."""
-        return key is not None and rows not in self.curve(key).peak_rows
+        """Whether a call of ``rows`` rows of ``key`` should have its peak bytes measured: the key's first
+        call (activations grow with rows; measuring once keeps the tracking's cost to one call per key)."""
+        return key is not None and not self.curve(key).peak_rows
 
     def observe_peak(self, key: Hashable | None, rows: int, peak_bytes: int) -> None:
         """Fold one measured call peak into its curve's peak bytes per row (the largest seen)."""

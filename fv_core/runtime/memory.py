@@ -10,8 +10,8 @@
   op that made it until the storage is freed, and the peak of that sum is the call's. Workspace an op
   frees before it returns is not seen; everything the call's ops hand each other is.
 
-The scheduler measures a call when its batch curve has no peak for that many rows yet
-(``CostModel.wants_peak``), so the tracking costs one call per shape bucket and row count; that call's
+The scheduler measures a call when its batch curve has no peak yet (``CostModel.wants_peak``), so the
+tracking costs one call per shape bucket (the peak per row then prices any row count); that call's
 seconds, slowed by the tracking, are dropped (``untimed``) so they never reach the batch curve.
 """
 

@@ -5,7 +5,7 @@ budgets allow (AdmissionController), plan each running request's next WorkUnit, 
 (``SchedulerConfig.policy``, policy.py: fair / fifo / auto) pick the calls, run them, fold the results back
 (LoopRunner.complete), stream events, finish loops that returned Done (refunding their reservation). A call
 is priced before it runs (batch curve, else the calibrated plans) and measured after (seconds; peak bytes
-once per key and rows, memory.py): measurements feed the cost model, predictions advance the clock the auto
+once per key, memory.py): measurements feed the cost model, predictions advance the clock the auto
 policy counts ages on. A batched call that runs out of memory is split, its rows retried alone (oom.py).
 
 Loops may define ``estimate(state) -> (raw_seconds, peak_bytes)`` for their remaining work; otherwise
