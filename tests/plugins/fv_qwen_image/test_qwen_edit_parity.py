@@ -80,3 +80,24 @@ def test_c1_edit_plus_folder_of_another_shape(qwen_host, plus_second_path):
     want = reference(pipe, images, p)
     assert np.abs(got.image - want).max() <= model.card.parity.tolerances["frames"]
     assert got.provenance["metrics"]["images"] == 2
+
+
+def test_c1_edit_2511_folder_reference_tokens_at_timestep_zero(qwen_host, tmp_path):
+    """A Qwen-Image-Edit-2511 folder (Edit Plus layout, transformer zero_cond_t: the input image's tokens
+    modulated at timestep 0) loads by path and equals diffusers' QwenImageEditPlusPipeline on it, true CFG
+    on; the same weights with zero_cond_t off give another image (the flag is honoured)."""
+    from fv_qwen_image.tiny import write_edit_checkpoint
+
+    write_edit_checkpoint(
+        tmp_path / "edit-2511", "QwenImageEditPlusPipeline", dict(zero_cond_t=True), seed=11
+    )
+    model = fv_core.load(str(tmp_path / "edit-2511"), host=qwen_host)
+    assert model.instance.component("transformer").zero_cond_t
+    p = dict(prompt="make it blue", negative_prompt=" ", true_cfg_scale=4.0, seed=2, **SMALL)
+    got = model.generate(parts=[image_part(WIDE)], **p)
+    want = reference(edit_pipeline(str(tmp_path / "edit-2511"), plus=True), [WIDE], p)
+    assert np.abs(got.image - want).max() <= model.card.parity.tolerances["frames"]
+    model.instance.component("transformer").zero_cond_t = False  # this test's own instance
+    for block in model.instance.component("transformer").transformer_blocks:
+        block.zero_cond_t = False
+    assert np.abs(model.generate(parts=[image_part(WIDE)], **p).image - want).max() > 1e-3

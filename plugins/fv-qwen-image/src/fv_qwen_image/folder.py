@@ -41,12 +41,17 @@ class QwenImageFolder:
     def card(folder: Path) -> ModelCard:
         """A card for the Qwen-Image the folder holds: its configs, diffusers' pipeline defaults."""
         dit = _config(folder, "transformer/config.json")
-        other = [k for k in ("guidance_embeds", *VARIANT_FLAGS) if dit.get(k)]
+        pipeline = model_index(folder).get("_class_name", "QwenImagePipeline")
+        edit_2511 = (
+            ("zero_cond_t",) if pipeline == "QwenImageEditPlusPipeline" else ()
+        )  # Qwen-Image-Edit-2511
+        other = [k for k in ("guidance_embeds", *VARIANT_FLAGS) if dit.get(k) and k not in edit_2511]
         if other:
             raise WeightsError(
-                f"{str(folder)!r}: its transformer sets {other} (a guidance-distilled, edit-2511 or layered "
-                "variant); fv-qwen-image runs the Qwen-Image text-to-image transformer, where they are all "
-                "false. Fix: load a Qwen/Qwen-Image folder."
+                f"{str(folder)!r}: its transformer sets {other} (a guidance-distilled or layered variant, or "
+                "edit-2511's zero_cond_t outside a QwenImageEditPlusPipeline folder); fv-qwen-image runs the "
+                "Qwen-Image transformer, where they are false (zero_cond_t: Edit Plus folders only). Fix: load a "
+                "Qwen/Qwen-Image, Qwen-Image-Edit or Qwen-Image-Edit-2509/2511 folder."
             )
         _config(folder, "scheduler/scheduler_config.json")
         blocks, heads, head_dim = dit["num_layers"], dit["num_attention_heads"], dit["attention_head_dim"]
@@ -55,7 +60,6 @@ class QwenImageFolder:
         if "temperal_downsample" in vae:  # the VAE's scale sets the size rule (Params.check)
             config["vae"]["temperal_downsample"] = vae["temperal_downsample"]
         width = heads * head_dim
-        pipeline = model_index(folder).get("_class_name", "QwenImagePipeline")
         if pipeline not in TASKS:
             raise WeightsError(
                 f"{str(folder)!r}: model_index.json names {pipeline!r}; fv-qwen-image reads {sorted(TASKS)}. "

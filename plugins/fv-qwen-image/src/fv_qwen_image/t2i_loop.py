@@ -192,9 +192,11 @@ class QwenImageLoop:
 
     def _packed_kernel(self, state: LoopState):
         """The deploy's packed_attention kernel when this request may be packed (requests with adapters
-        are not: their adapters, pinned in ``state.values["adapters"]``, apply per batch row), else None."""
+        are not: their adapters, pinned in ``state.values["adapters"]``, apply per batch row; nor edit-2511's
+        reference tokens at timestep 0, which the packed block does not modulate), else None."""
         chosen = self.instance.kernels.get("packed_attention")
-        return None if chosen is None or state.values.get("adapters") else chosen[0]
+        zero_cond = self.instance.config("transformer/config.json").get("zero_cond_t")  # 2511: not packed
+        return None if chosen is None or state.values.get("adapters") or zero_cond else chosen[0]
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:
         out, t, phase = result.outputs, state.tensors, self._phase(state)

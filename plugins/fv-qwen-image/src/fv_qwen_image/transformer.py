@@ -12,6 +12,7 @@ Rows whose prompts differ in length batch zero-padded with a text mask (diffuser
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -30,6 +31,9 @@ class Prepared:
     temb: torch.Tensor  # [B, dim] timestep embedding (block modulation, output norm)
     rotary: tuple[torch.Tensor, torch.Tensor]  # rope (image freqs, text freqs)
     mask: torch.Tensor | None = None  # [B, L] bool, True on each row's own text (None: every position)
+    # zero_cond_t (Qwen-Image-Edit-2511): temb is [2B, dim], the rows' timestep then timestep 0, and this
+    # [B, image tokens] int picks per image token which (0: the noise's, 1: the input images' at t=0)
+    modulate_index: torch.Tensor | None = None
 
 
 # (frames, rows, columns) of the patched latents; an edit's image stream is several: the noise's, then
@@ -56,9 +60,15 @@ def prepare(
     image = model.img_in(latents)
     timestep = timestep.to(image.dtype)
     context = model.txt_in(model.txt_norm(text))
+    index = None
+    if getattr(model, "zero_cond_t", False):  # as the model's forward: the reference tokens at timestep 0
+        timestep, noise = torch.cat([timestep, timestep * 0]), math.prod(grid_list(grid)[0])
+        index = (
+            (torch.arange(latents.shape[1], device=image.device) >= noise).int().expand(latents.shape[0], -1)
+        )
     temb = model.time_text_embed(timestep, image)
     rotary = model.pos_embed([grid_list(grid)], max_txt_seq_len=text.shape[1], device=image.device)
-    return Prepared(torch.cat([context, image], 1), text.shape[1], temb, rotary, mask)
+    return Prepared(torch.cat([context, image], 1), text.shape[1], temb, rotary, mask, index)
 
 
 def run_blocks(
@@ -68,16 +78,20 @@ def run_blocks(
     split = prep.text_len
 
     def block(index: int, hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        temb, mask = prep.temb, prep.mask
+        temb, mask, modulate = prep.temb, prep.mask, prep.modulate_index
         if rows is not None:  # a batched block hook runs these rows only
-            temb = temb.index_select(0, rows.to(temb.device))
-            mask = None if mask is None else mask.index_select(0, rows.to(mask.device))
+            rows = rows.to(temb.device)
+            halves = temb.chunk(2) if modulate is not None else (temb,)  # zero_cond_t: both halves' rows
+            temb = torch.cat([h.index_select(0, rows) for h in halves])
+            mask = None if mask is None else mask.index_select(0, rows)
+            modulate = None if modulate is None else modulate.index_select(0, rows)
         context, image = model.transformer_blocks[index](
             hidden_states=hidden[:, split:],
             encoder_hidden_states=hidden[:, :split],
             encoder_hidden_states_mask=mask,
             temb=temb,
             image_rotary_emb=prep.rotary,
+            modulate_index=modulate,
         )
         return torch.cat([context, image], 1)
 
@@ -86,7 +100,8 @@ def run_blocks(
 
 def finish(model, prep: Prepared, hidden: torch.Tensor) -> torch.Tensor:
     """Output norm modulated by the timestep, then the projection, on the image stream: [B, tokens, C]."""
-    return model.proj_out(model.norm_out(hidden[:, prep.text_len :], prep.temb))
+    temb = prep.temb if prep.modulate_index is None else prep.temb.chunk(2)[0]
+    return model.proj_out(model.norm_out(hidden[:, prep.text_len :], temb))
 
 
 def qwen_forward(
