@@ -11,10 +11,8 @@
   frees before it returns is not seen; everything the call's ops hand each other is.
 
 The scheduler measures a call when its batch curve has no peak yet (``CostModel.wants_peak``), so the
-tracking costs one call per shape bucket (the peak per row then prices any row count). That call's
-seconds count as measured (the tracking slows it by a few percent on medium shapes, more on tiny ones):
-dropping them left the first calls of every shape priced uncalibrated, which skewed the auto policy's
-clock far more; a batch curve's median over its latest calls outvotes the one slow call.
+tracking costs one call per shape bucket (the peak per row then prices any row count); that call's
+seconds, slowed by the tracking, are dropped (``untimed``) so they never reach the batch curve.
 """
 
 from __future__ import annotations
@@ -103,3 +101,11 @@ def measure_peak(device: str | torch.device) -> Iterator[Peak]:
     with tracker:
         yield peak
     peak.bytes = tracker.peak
+
+
+def untimed(outcome: Any) -> None:
+    """Zero the measured seconds of a call's results (a StepResult or a list of them): the cost model then
+    learns nothing from that call's time."""
+    for result in outcome if isinstance(outcome, list) else [outcome]:
+        if hasattr(result, "seconds"):
+            result.seconds = 0.0

@@ -41,7 +41,7 @@ from fv_core.program.program import Program
 from fv_core.runtime.admission import AdmissionController, Estimate, Reservation
 from fv_core.runtime.batching import Batch, Batching, Outcome, group_calls, may_share, measured_s
 from fv_core.runtime.cost import CostModel, calibration_key, curve_key
-from fv_core.runtime.memory import measure_peak
+from fv_core.runtime.memory import measure_peak, untimed
 from fv_core.runtime.oom import OOM_ERRORS, cap_rows, out_of_memory, run_rows
 from fv_core.runtime.policy import Candidate, Decisions, SchedulingPolicy, edf_key, pick_auto
 
@@ -256,6 +256,7 @@ class Scheduler:
                     res = self._run_alone(call) if isinstance(call, Entry) else self._run_batch(call)
                 if peak is not None and measured_s(res, len(getattr(call, "entries", [call]))) > 0:
                     self.cost.observe_peak(key, rows, peak.bytes)  # a call that ran whole: its peak
+                    untimed(res)  # the tracking slowed it: its seconds teach the cost model nothing
                 results.append(res)
             except OOM_ERRORS as exc:  # only a lone call gets here: a batch retries its rows alone
                 assert isinstance(call, Entry) and isinstance(call.pending, WorkPlan)
