@@ -21,7 +21,7 @@ on the same expert. CFG combine and the sampler update run per request in
 Batch invariance (``WorkPlan.invariant_body``, what ``determinism: bitwise`` batches through): the
 prompt encode, the text keys/values (text-only) and the denoise steps (one forward per row: single or
 two-forward CFG; SDPA attention, no adapters, one device, not packed) declare it where this device's
-GEMM and attention are measured row-invariant at the step's shapes (``_rows_invariant``); the image
+GEMM and attention are measured row-invariant at the step's shapes (``fv_wan.invariance``); the image
 encodes and the VAE decode (convolutions that split by batch) run alone under bitwise.
 """
 
@@ -43,9 +43,7 @@ from fv_core.loop import (
     StepResult,
     WorkPlan,
     WorkUnitKind,
-    attention_rows_invariant,
     batch_key,
-    gemm_rows_invariant,
     pinned,
     pinned_module,
     pinned_state,
@@ -53,6 +51,7 @@ from fv_core.loop import (
 from fv_core.request import ImagePart, NoiseDraws
 from fv_wan import conditioning
 from fv_wan.bodies import decode_body, denoise_body, encode_body, text_kv_body
+from fv_wan.invariance import denoise_rows_invariant, gemm_invariant
 from fv_wan.model import WanModel
 from fv_wan.parallel import parallel_denoise_body
 from fv_wan.params import WanParams
@@ -149,7 +148,7 @@ class WanLoop:
                 batch_key=batch_key(inst, state, "text_encoder", "encode", (ids.shape[1],), precision),
                 batch_size=ids.shape[0],
                 label="encode prompt",
-                invariant_body=body if self._gemm_invariant(ids.shape[1], width) else None,
+                invariant_body=body if gemm_invariant(self.instance, ids.shape[1], width) else None,
             )
         if phase == "image_encode":
             unit = (WorkUnitKind.ENCODER_CHUNK, "image_encoder", conditioning.clip_body, "encode")
@@ -296,7 +295,7 @@ class WanLoop:
             inputs["image"] = t["image_features"].to(inst.dtype).expand(text.shape[0], -1, -1)
             signature += tuple(inputs["image"].shape[1:])
         body = partial(text_kv_body, pinned_module(inst, state, expert))
-        text_only = "image" not in inputs and self._gemm_invariant(text.shape[1], text.shape[2])
+        text_only = "image" not in inputs and gemm_invariant(self.instance, text.shape[1], text.shape[2])
         return WorkPlan(
             kind=WorkUnitKind.ENCODER_CHUNK,
             body=body,
@@ -378,7 +377,7 @@ class WanLoop:
         invariant = None
         if mode != "batched" and kernel is None and group is None and not state.values.get("adapters"):
             keys = (inputs.get("kv_length") or kv.shape[3],) + (() if img_kv is None else (img_kv.shape[3],))
-            if self._rows_invariant(expert, timestep, latents, keys):
+            if denoise_rows_invariant(inst, expert, timestep, latents, keys):
                 invariant = self._denoise_body(expert, pinned(state, expert), invariant=True)
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
@@ -420,33 +419,6 @@ class WanLoop:
             return partial(parallel_denoise_body, group, expert)
         module = self.instance.component(expert, version)
         return partial(denoise_body, module, packed=packed, invariant=invariant)
-
-    def _gemm_invariant(self, rows: int, width: int) -> bool:
-        """Whether a GEMM over a row of ``rows`` tokens of ``width`` is row-invariant on this device."""
-        inst = self.instance
-        return gemm_rows_invariant(rows, width, width, str(inst.device), inst.dtype)
-
-    def _rows_invariant(
-        self, expert: str, timestep: torch.Tensor, latents: torch.Tensor, keys: tuple
-    ) -> bool:
-        """Whether a denoise row of ``latents`` batches row-invariantly: SDPA attention (the card's kernel),
-        and this device's GEMM and attention measured row-invariant at its tokens, over itself and over
-        each of ``keys`` (text, image) positions."""
-        inst = self.instance
-        if inst.card.kernels.get("attention", "sdpa") != "sdpa":
-            return False
-        config = inst.component(expert).config
-        heads, head_dim = config.num_attention_heads, config.attention_head_dim
-        tokens = math.prod(n // p for n, p in zip(latents.shape[2:], config.patch_size, strict=True))
-        device, dtype = str(inst.device), inst.dtype
-        per_token = timestep.ndim == 2  # TI2V: the timestep embedding's GEMM runs over the tokens
-        return (
-            self._gemm_invariant(tokens, heads * head_dim)
-            and (not per_token or self._gemm_invariant(tokens, config.freq_dim))
-            and all(
-                attention_rows_invariant(heads, tokens, n, head_dim, device, dtype) for n in (tokens, *keys)
-            )
-        )
 
     def replay_plan(self, record: Any, step: Any) -> WorkPlan:
         """A recorded step (``record.steps[i]``) as a plan on this instance's live weights: its body
