@@ -117,7 +117,15 @@ def long_rollout(model: Any, strip: Path | None, frames: int = LONG_FRAMES) -> d
     spans = {
         "frames_0_8": [v[:9] for v in clips],
         "frames_8_16": [v[8:17] for v in clips],
-        **({"frames_16_32": [v[16:33] for v in clips]} if frames >= 33 else {}),
+        **(
+            {
+                "frames_16_32": [v[16:33] for v in clips],
+                "frames_16_24": [v[16:25] for v in clips],
+                "frames_24_32": [v[24:33] for v in clips],
+            }
+            if frames >= 33
+            else {}
+        ),
         "in_view": [v[: max(2, n)] for v, n in zip(clips, views, strict=True)],
     }
     for name, part in spans.items():
@@ -129,6 +137,31 @@ def long_rollout(model: Any, strip: Path | None, frames: int = LONG_FRAMES) -> d
         picked = [clips[shapes.ALL_COMBOS.index(combo)] for combo in STRIP_COMBOS]
         labels = [f"{c} {s}\nmoving {d}" for c, s, d in STRIP_COMBOS]
         save_strip(picked, labels, strip, frames=tuple(range(0, frames, 2 if frames <= 17 else 4)))
+    return out
+
+
+def vae_windows(model: Any, clips: int = 48) -> dict[str, Any]:
+    """The card's VAE alone on 33-frame ground-truth clips that turn every 8 frames (shapes.render_long),
+    decoded from their stationary latents (each latent frame the encoder's own of a 9-frame clip, as a
+    causal student makes them): the detector per leg (8 frames), direction against the real clip's read."""
+    from fv_train_flow.vae import stationary_latents
+
+    vae = model.instance.component("vae")
+    video, specs = shapes.long_batch(4242, 0, clips, 33, shapes.ALL_COMBOS)
+    with torch.inference_mode():
+        decoded = torch.cat([vae.decode(stationary_latents(vae, v[None])).sample for v in video])
+    real, recon = (
+        ((video + 1) / 2).permute(0, 2, 3, 4, 1),
+        ((decoded.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 4, 1),
+    )
+    out: dict[str, Any] = {"clips": clips}
+    for a, b in ((0, 9), (8, 17), (16, 25), (24, 33)):  # one straight leg each
+        reads = [(detect(r[a:b]), detect(t[a:b]), s) for r, t, s in zip(recon, real, specs, strict=True)]
+        out[f"frames_{a}_{b - 1}"] = {
+            "colour": round(sum(r.colour == s.colour for r, _, s in reads) / clips, 4),
+            "shape": round(sum(r.shape == s.shape for r, _, s in reads) / clips, 4),
+            "direction": round(sum(r.direction == t.direction for r, t, _ in reads) / clips, 4),
+        }
     return out
 
 
@@ -196,6 +229,10 @@ def main() -> None:
     print(json.dumps(long))
     steering = steered(student) if args.long_frames > LONG_FRAMES else None
     print(json.dumps(steering))
+    vaes = None
+    if args.long_frames > LONG_FRAMES:  # the decoder it ships against the shapes model's (the teacher's)
+        vaes = {args.student: vae_windows(student), TEACHER: vae_windows(teacher)}
+        print(json.dumps(vaes))
     # the teacher was trained on 9 frames too: how its own 17-frame videos fare (the shapes VAE itself loses
     # colour past frame 9 on ground-truth clips: bench/results/inferix_drift.json, vae_round_trip_17_frames)
     teacher_long = long_rollout(teacher, None) if not args.skip_teacher else None
@@ -207,6 +244,7 @@ def main() -> None:
         "targets": {"bounds": TARGETS, "met": met, "all_met": all(met.values())},
         f"rollout_{args.long_frames}_frames": long,
         "steering": steering,
+        "vae_on_33_frame_ground_truth": vaes,
         "teacher_17_frames": teacher_long,
         "recipe": json.loads(recipe_path.read_text()) if recipe_path.is_file() else None,
         "torch_threads": 1,
