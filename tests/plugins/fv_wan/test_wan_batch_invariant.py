@@ -4,11 +4,14 @@ body with its per-row embeddings undone) do not, so these tests can fail."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from wan_support import request
 
+import fv_core
 from fv_core.loop import Profile, run_plan
+from fv_core.request import ImagePart
 from fv_core.runtime import Engine
 from fv_wan import transformer
 from fv_wan.t2v_loop import WanLoop
@@ -35,10 +38,17 @@ def items(model):
 
 
 @pytest.fixture(scope="module")
-def serial(tiny_model):
-    """Each request alone."""
+def invariant_and_serial(tiny_model):
+    """The requests under invariant batching first (so their prompt encodes and text keys/values batch
+    too, before the text caches hold them), then each alone (on those caches)."""
+    results, calls = batched(tiny_model, "invariant")
     with torch.no_grad():
-        return Engine().run_serial(items(tiny_model))
+        return results, calls, Engine().run_serial(items(tiny_model))
+
+
+@pytest.fixture(scope="module")
+def serial(invariant_and_serial):
+    return invariant_and_serial[2]
 
 
 def batched(model, batching):
@@ -57,8 +67,8 @@ def same_bytes(a, b) -> bool:
     )
 
 
-def test_bitwise_batching_equals_each_request_alone(tiny_model, serial):
-    results, calls = batched(tiny_model, "invariant")
+def test_bitwise_batching_equals_each_request_alone(invariant_and_serial):
+    results, calls, serial = invariant_and_serial
     assert calls > 0, "the invariant steps shared calls"
     assert same_bytes(serial, results)
 
@@ -86,3 +96,29 @@ def test_batched_cfg_declares_no_invariant_body(tiny_model):
             state = loop.advance(state, run_plan(loop.next(state), Profile.SERVE))
     plan = loop.next(state)
     assert plan.batch_key is not None and plan.invariant_body is None
+
+
+@pytest.mark.parametrize("variant,task", [("ti2v", "t2v"), ("i2v", "i2v")])
+def test_variants_under_bitwise_batching_equal_each_request_alone(variant_folders, wan_host, variant, task):
+    """Wan2.2 TI2V (a timestep per token) and Wan2.1 I2V (image keys/values beside the text's)."""
+    model = fv_core.load(weights=variant_folders[variant, "first"], host=wan_host)
+    size = dict(SMALL, num_frames=5, height=64, width=64)  # TI2V: 2 x 2 x 2 tokens (one alone is a GEMV)
+    image = np.random.default_rng(7).random((32, 32, 3)).astype(np.float32)
+    parts = [ImagePart(image)] if task == "i2v" else []
+
+    def make():
+        return [
+            (
+                model.runnable(task),
+                model.prepare({**size, "prompt": p, "seed": i, "guidance_scale": 3.0}, task=task, parts=parts,
+                              request_id=f"{variant}{i}"),
+                model.instance,
+            )
+            for i, p in enumerate(PROMPTS[:2])
+        ]  # fmt: skip
+
+    engine = Engine()
+    with torch.no_grad():
+        results = engine.run_batched(make(), batching="invariant")  # first: its text steps batch too
+        serial = Engine().run_serial(make())
+    assert engine.decisions.batch > 0 and same_bytes(serial, results)
