@@ -108,10 +108,10 @@ class DeploymentCard(Strict):
     store: str | None = None
     # where artifacts live: a folder every node mounts (file:///path) or s3://bucket/prefix; None: the data dir
     artifacts: str | None = None
-    # "bitwise": a seeded request's output never depends on what else is running (steps are not batched
-    # across requests); "batched": compatible steps of different requests share calls (faster, and equal
-    # to a solo run only within the card's batched tolerance)
-    determinism: Literal["bitwise", "batched"] = "batched"  # bitwise costs 29.5% throughput (serve_load)
+    # "bitwise": a seeded request's output never depends on what else is running (steps of different
+    # requests share a call only through their batch-invariant bodies, WorkPlan.invariant_body);
+    # "batched": compatible steps share calls (equal to a solo run only within the batched tolerance)
+    determinism: Literal["bitwise", "batched"] = "batched"  # bitwise's cost: bench/results/serve_load.json
     shutdown_grace_s: float = Field(30, ge=0)  # on shutdown, jobs get this long to finish before cancelling
     # replicas per model for `fv serve --ray` (validated by fv-ray-serve; one server ignores it)
     fleet: dict[str, Any] | None = None
