@@ -12,7 +12,7 @@ from wan_support import request
 import fv_core
 from fv_core.loop import Profile, run_plan
 from fv_core.request import ImagePart
-from fv_core.runtime import Engine
+from fv_core.runtime import Engine, SchedulingPolicy
 from fv_wan import transformer
 from fv_wan.t2v_loop import WanLoop
 
@@ -51,9 +51,10 @@ def serial(invariant_and_serial):
     return invariant_and_serial[2]
 
 
-def batched(model, batching):
-    """The requests interleaved under ``batching``, and the batched calls made."""
-    engine = Engine()
+def batched(model, batching, policy="fair"):
+    """The requests interleaved under ``batching`` and the scheduling ``policy``, and the batched calls
+    made."""
+    engine = Engine(scheduling=SchedulingPolicy(policy=policy))
     with torch.no_grad():
         results = engine.run_batched(items(model), batching=batching)
     return results, engine.decisions.batch
@@ -71,6 +72,11 @@ def test_bitwise_batching_equals_each_request_alone(invariant_and_serial):
     results, calls, serial = invariant_and_serial
     assert calls > 0, "the invariant steps shared calls"
     assert same_bytes(serial, results)
+
+
+def test_auto_policy_batches_invariant_steps_and_keeps_the_bytes(tiny_model, serial):
+    results, calls = batched(tiny_model, "invariant", "auto")
+    assert calls > 0 and same_bytes(serial, results)
 
 
 def test_plain_batched_bodies_differ(tiny_model, serial):
