@@ -203,9 +203,11 @@ class ImageLoop(PrefillLoop):
             grid=state.tensors["grid"][None].expand(rows, -1),
             pos=pos,
         )
+        body = partial(bodies.denoise_body, self._net(state), inst.exact)
         return WorkPlan(
             kind=WorkUnitKind.DIFFUSION_STEP,
-            body=partial(bodies.denoise_body, self._net(state), inst.exact),
+            body=body,
+            invariant_body=body if inst.exact else None,  # exact math: rows batch bit for bit
             inputs=inputs,
             batch_key=self._key(state, "diffusion_denoise", (*s.grid_shape, inputs["ctx_valid"].shape[1])),
             batch_size=rows,
