@@ -89,8 +89,8 @@ class LoadedWorkflow:
             ) from None
 
     def generate(self, on_event: Callable[[StageRun, Any], None] | None = None, **params: Any) -> Any:
-        """Run the workflow here, each stage's requests as one batch on an engine (interleaved, never sharing
-        a call, under the deploy's ``determinism: bitwise``); returns its last stage's
+        """Run the workflow here, each stage's requests as one batch on an engine (under the deploy's
+        ``determinism: bitwise``, sharing calls only through batch-invariant bodies); returns its last stage's
         artifact (with ``keep: all``, ``.stages`` holds each stage's by name), its provenance nesting
         every stage's. ``on_event(stage, event)`` receives each stage's first request's stream events."""
         from fv_core.runtime import Engine
@@ -102,7 +102,7 @@ class LoadedWorkflow:
             engine = Engine(on_event=None if on_event is None else _first_request(work, first, on_event))
             jobs = [self.models[work.model].job(r) for r in work.requests]
             bitwise = self.deploy.get("determinism") == "bitwise"
-            return engine.run_interleaved(jobs) if bitwise else engine.run_batched(jobs)
+            return engine.run_batched(jobs, batching="invariant" if bitwise else True)
 
         plan = self.plan(self.prepare(params).model_dump())
         results: Any = None
