@@ -32,6 +32,7 @@ import torch
 import fv_core
 from bench.trace_falsifier import MEDIUM as WAN_MEDIUM
 from bench.trace_falsifier import pct
+from bench.trace_falsifier import plot as plot_regimes
 from fv_core.plugins import load_plugins
 from fv_core.runtime import AsyncEngine, Budget, Engine, SchedulingPolicy
 
@@ -254,24 +255,8 @@ def run(requests: int, loads: list[float], rounds: int, seed: int, smoke: bool) 
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Latency CDF per policy, one panel per load (all rounds pooled)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    loads = result["loads"]
-    fig, axes = plt.subplots(1, len(loads), figsize=(4 * len(loads), 3.4), squeeze=False)
-    for ax, (load, res) in zip(axes.flat, loads.items(), strict=False):
-        for policy, stats in res["policies"].items():
-            lat = sorted(x for r in stats["per_round"] for x in r["latencies_s"])
-            ax.step(lat, [(i + 1) / len(lat) for i in range(len(lat))], where="post", label=policy)
-        ax.set_title(f"mixed families, load {load}", fontsize=10)
-        ax.set_xlabel("latency (s)")
-        ax.set_ylabel("fraction of requests")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    """Latency CDF per policy, one panel per load (all rounds pooled): the falsifier's plot, one regime."""
+    plot_regimes({"regimes": {"mixed families": {"loads": result["loads"]}}}, path)
 
 
 def main() -> None:

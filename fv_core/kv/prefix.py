@@ -88,7 +88,7 @@ class PrefixCache:
                     continue
                 best, common = None, 0
                 for child in node.children.values():
-                    n = _common(child.keys, chunk)
+                    n = common_prefix_length(child.keys, chunk)
                     if n > common:
                         best, common = child, n
                 if best is not None:  # shared up to its first differing token (copied on the first write)
@@ -112,7 +112,9 @@ class PrefixCache:
                 if len(chunk) == size and chunk in node.children:
                     node, matched = node.children[chunk], matched + size
                     continue
-                return matched + max((_common(c.keys, chunk) for c in node.children.values()), default=0)
+                return matched + max(
+                    (common_prefix_length(c.keys, chunk) for c in node.children.values()), default=0
+                )
             return matched
 
     def insert(self, namespace: Hashable, keys: Sequence[Hashable], seq: KVSeq) -> None:
@@ -182,7 +184,7 @@ class PrefixCache:
         self.pool.drop([node.page])
 
 
-def _common(a: tuple, b: tuple) -> int:
+def common_prefix_length(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     """Length of the common prefix of ``a`` and ``b``."""
     n = 0
     for x, y in zip(a, b, strict=False):

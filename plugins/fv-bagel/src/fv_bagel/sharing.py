@@ -14,6 +14,7 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from fv_core.kv.prefix import common_prefix_length
 from fv_core.loop import WorkPlan, WorkUnitKind
 
 MAX_WAITS = 8  # idle steps a request waits for another's prefill at most
@@ -38,17 +39,7 @@ class Prefilling:
         """The most leading tokens of ``keys`` another context being prefilled in ``namespace`` starts with."""
         with self._lock:
             others = [k for rid, (ns, k) in self._contexts.items() if rid != request_id and ns == namespace]
-        return max((common(keys, other) for other in others), default=0)
-
-
-def common(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
-    """Length of the common prefix of ``a`` and ``b``."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+        return max((common_prefix_length(keys, other) for other in others), default=0)
 
 
 def idle_body(inputs: dict[str, Any]) -> dict[str, Any]:
