@@ -21,6 +21,7 @@ from fv_core.request import image_part
 from fv_core.runtime import Engine
 from fv_core.runtime.policy import SchedulingPolicy
 from fv_qwen_image import plugin
+from tests.denoise_calls import DenoiseCalls
 
 IMAGE = picture(60, 40, 1)
 ASKS = [  # two output sizes, prompts of other lengths, true CFG off (one forward a step)
@@ -70,19 +71,8 @@ def alone(model):
         return Engine().run_serial(items(model, ASKS))
 
 
-class Calls:
-    """Observer: how many plans each denoise step shared its call with."""
-
-    def __init__(self) -> None:
-        self.sizes: list[int] = []
-
-    def on_step(self, state, plan, result) -> None:
-        if plan.label.startswith("denoise"):
-            self.sizes.append(result.batched_with)
-
-
 def test_edits_of_two_sizes_pack_into_one_step_equal_alone(model, alone):
-    calls = Calls()
+    calls = DenoiseCalls()
     with torch.no_grad():
         packed = Engine(observers=[calls], scheduling=SchedulingPolicy("fair")).run_batched(
             items(model, ASKS)

@@ -13,6 +13,7 @@ from fv_core.deploy.card import parse_deploy
 from fv_core.parity import compare_results
 from fv_core.runtime import Engine
 from fv_core.runtime.policy import SchedulingPolicy
+from tests.denoise_calls import DenoiseCalls
 
 # four sizes (square, wide, tall, small), prompts of other lengths; true CFG on for three (one call per
 # CFG mode: the fourth runs alone)
@@ -48,17 +49,6 @@ def packed_model(qwen_host, tiny_path):
     return fv_core.load("qwen-image-tiny", deploy=deploy, host=qwen_host)
 
 
-class Calls:
-    """Observer: the plans each denoise step shared its call with."""
-
-    def __init__(self) -> None:
-        self.sizes: list[int] = []
-
-    def on_step(self, state, plan, result) -> None:
-        if plan.label.startswith("denoise"):
-            self.sizes.append(result.batched_with)
-
-
 def items(model, asks=ASKS):
     return [
         model.job(model.prepare({**a, "num_inference_steps": 2}, request_id=f"p{i}"))
@@ -69,7 +59,7 @@ def items(model, asks=ASKS):
 def test_mixed_sizes_pack_into_one_step_equal_alone_and_bitwise_under_determinism_bitwise(packed_model):
     """Batched (packed) within the card's tolerance of serial; under determinism: bitwise (batching
     through the plans' invariant body) packed too, and bit for bit serial."""
-    calls, bitwise_calls = Calls(), Calls()
+    calls, bitwise_calls = DenoiseCalls(), DenoiseCalls()
     fair = SchedulingPolicy("fair")
     with torch.no_grad():
         serial = Engine().run_serial(items(packed_model))

@@ -15,6 +15,7 @@ from fv_core.parity import compare_results
 from fv_core.runtime import Engine
 from fv_core.runtime.policy import SchedulingPolicy
 from fv_wan.tiny import TINY_ID
+from tests.denoise_calls import DenoiseCalls
 
 # three sizes and frame counts, prompts of other lengths (folded: each request its own text length)
 ASKS = [
@@ -35,17 +36,6 @@ def packed_model(wan_host, tiny_path):
     return fv_core.load(TINY_ID, deploy=deploy, host=wan_host)
 
 
-class Calls:
-    """Observer: the plans each denoise step shared its call with."""
-
-    def __init__(self) -> None:
-        self.sizes: list[int] = []
-
-    def on_step(self, state, plan, result) -> None:
-        if plan.label.startswith("denoise"):
-            self.sizes.append(result.batched_with)
-
-
 def items(model):
     return [
         model.job(model.prepare({**a, "num_inference_steps": 2}, request_id=f"w{i}"))
@@ -54,7 +44,7 @@ def items(model):
 
 
 def test_mixed_sizes_and_frame_counts_pack_into_one_step(packed_model):
-    calls = Calls()
+    calls = DenoiseCalls()
     with torch.no_grad():
         serial = Engine().run_serial(items(packed_model))
         packed = Engine(observers=[calls], scheduling=SchedulingPolicy("fair")).run_batched(
