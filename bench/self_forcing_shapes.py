@@ -14,12 +14,15 @@ videos) the rollout is 33 frames, read on frames 0..8, 8..16 and 16..32 as well,
 measured: a session's first 9 frames as one combination asks, then two chunks (8 frames) of a new
 prompt, another colour and the direction across the old one towards the centre (so the object stays in
 view); the detector's colour on the second new chunk and direction over the two against the new prompt.
+``--steering-only`` measures just that, with and without a KV re-cache at the prompt change
+(``recache_on_prompt_change``), into bench/results/self_forcing_shapes_steering.json.
 
     fv train configs/shapes/self_forcing.yaml && fv train configs/shapes/self_forcing_stage2.yaml
     python bench/self_forcing_shapes.py --weights fv-data/runs/shapes-self-forcing-stage2/final
     # (default --weights: the shipped card's, plugins/fv-wan/src/fv_wan/weights/shapes-causal)
     python bench/self_forcing_shapes.py --student wan2.1-t2v-shapes-causal-long --long-frames 33 \
         --skip-teacher --out bench/results/self_forcing_shapes_long.json
+    python bench/self_forcing_shapes.py --student wan2.1-t2v-shapes-causal-long --steering-only
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ TEACHER, STUDENT = "wan2.1-t2v-shapes", "wan2.1-t2v-shapes-causal"
 SEEDS = (0, 1)
 TARGETS = {"colour": 0.98, "direction": 0.98, "shape": 0.90}
 LONG_FRAMES = 17
+STEERING_OUT = "bench/results/self_forcing_shapes_steering.json"
 STRIP_COMBOS = (
     ("red", "circle", "right"),
     ("blue", "square", "down"),
@@ -165,13 +169,16 @@ def vae_windows(model: Any, clips: int = 48) -> dict[str, Any]:
     return out
 
 
-def steered(model: Any) -> dict[str, Any]:
+def steered(model: Any, recache: bool | None = None) -> dict[str, Any]:
     """Sessions of 9 frames as a combination asks, then 2 chunks of a new prompt: the next colour of the
     palette and the direction across the old one towards the centre. The detector's colour on the second
-    new chunk (frames 13..16) and direction over both (frames 8..16) against the new prompt."""
+    new chunk (frames 13..16) and direction over both (frames 8..16) against the new prompt, and the
+    shape (unchanged) over both. ``recache``: the new prompt's ``recache_on_prompt_change`` (None: the
+    card's)."""
     from fv_core.runtime import Engine
 
-    colours, hits = list(shapes.COLOURS), {"colour": 0, "colour_first_chunk": 0, "direction": 0}
+    colours, hits = list(shapes.COLOURS), {"colour": 0, "colour_first_chunk": 0, "direction": 0, "shape": 0}
+    option = {} if recache is None else {"recache_on_prompt_change": recache}
     for spec, seed in all_pairs():
         sid = model.open_session()
         try:
@@ -183,7 +190,8 @@ def steered(model: Any) -> dict[str, Any]:
                     across = ("up" if y > 32 else "down") if spec.direction in ("left", "right") else None
                     turn = across or ("left" if x > 32 else "right")
                     colour = colours[(colours.index(spec.colour) + 1) % len(colours)]
-                    ask = dict(prompt=shapes.caption(colour, spec.shape, turn), num_frames=5)  # 2 chunks
+                    caption = shapes.caption(colour, spec.shape, turn)
+                    ask = dict(prompt=caption, num_frames=5, **option)  # 2 chunks
                 request = model.prepare(dict(ask, seed=seed + i, session_id=sid))
                 with torch.inference_mode():
                     parts.append(Engine().run_one(*model.job(request)).outputs["frames"].float())
@@ -193,8 +201,27 @@ def steered(model: Any) -> dict[str, Any]:
         hits["colour"] += detect(video[-4:]).colour == colour
         hits["colour_first_chunk"] += detect(video[9:13]).colour == colour
         hits["direction"] += detect(video[8:]).direction == turn
+        hits["shape"] += detect(video[8:]).shape == spec.shape
     n = len(all_pairs())
     return {"sessions": n, **{k: round(v / n, 4) for k, v in hits.items()}}
+
+
+def steering_only(card: str, weights: str | None, out: Path) -> None:
+    """Steering alone, without and with a KV re-cache at the prompt change."""
+    model = load(card, weights, plugins())
+    runs = {}
+    for label, recache in (("without_recache", False), ("with_recache", True)):
+        runs[label] = steered(model, recache)
+        print(label, json.dumps(runs[label]))
+    result = {
+        "card": card,
+        "sessions": "all 48 combinations x seeds [0, 1]: 9 frames, then 2 chunks (5 frames asked) of the next "
+        "colour and a turn; colour on frames 13..16 (colour_first_chunk: 9..12), direction and shape on 8..16",
+        **runs,
+        "torch_threads": 1,
+        "load_avg": os.getloadavg(),
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def main() -> None:
@@ -208,8 +235,14 @@ def main() -> None:
         "--student", default=STUDENT, help="the causal card (its long twin: --long-frames 33)"
     )
     parser.add_argument("--long-frames", type=int, default=LONG_FRAMES, help="frames of the long rollout")
+    parser.add_argument(
+        "--steering-only", action="store_true", help="only steering, without and with a KV re-cache"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.steering_only:
+        out = args.out if args.out != parser.get_default("out") else REPO / STEERING_OUT
+        return steering_only(args.student, args.weights, Path(out))
     host = plugins()
     teacher = load(TEACHER, None, host)
     rows = []

@@ -59,6 +59,7 @@ class Chunk:
     submitted: float  # monotonic time it was submitted
     done: float  # monotonic time its frames were out
     deadline: float | None  # when its first frame had to show (None: it starts the player)
+    recache: bool | None = None  # recache_on_prompt_change as asked (None: the card's default)
 
     @property
     def latency_s(self) -> float:
@@ -187,9 +188,12 @@ class RealtimeSession:
     def prompt(self) -> str:
         return str(self.params.get("prompt", ""))
 
-    def steer(self, prompt: str | None = None, strength: float | None = None) -> None:
+    def steer(
+        self, prompt: str | None = None, strength: float | None = None, recache: bool | None = None
+    ) -> None:
         """A new prompt and/or strength (0 < strength <= 1: the share of the new prompt against the one
-        before it) for the next chunk to be submitted."""
+        before it) for the next chunk to be submitted; ``recache``: whether a chunk under a new prompt first
+        re-caches the session's window under it (``recache_on_prompt_change``, from now on)."""
         if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
             raise ConfigError(
                 f'prompt={prompt!r}: a steer\'s prompt is a non-empty string. Fix: e.g. "a blue square"',
@@ -200,6 +204,14 @@ class RealtimeSession:
                 f"strength={strength}: the share of the new prompt is 0 < strength <= 1. Fix: e.g. 0.5",
                 param="strength",
             )
+        if recache is not None and not isinstance(recache, bool):
+            raise ConfigError(
+                f"recache={recache!r}: whether a new prompt re-caches the session's window is true or false. "
+                "Fix: e.g. recache=true",
+                param="recache",
+            )
+        if recache is not None:
+            self.params["recache_on_prompt_change"] = recache
         if prompt is not None and prompt != self.prompt:
             self._previous, self.params["prompt"] = self.prompt, prompt
         if strength is not None:
@@ -334,8 +346,9 @@ class RealtimeSession:
         first = self.last.first_frame + len(self.last.frames) if self.last else 0
         strength, steer_from = float(raw.get("steer_strength", 1.0)), raw.get("steer_from")
         chunk = Chunk(
-            index, frames, first, str(raw["prompt"]), strength, steer_from, now, time.monotonic(), deadline
-        )
+            index, frames, first, str(raw["prompt"]), strength, steer_from, now, time.monotonic(), deadline,
+            raw.get("recache_on_prompt_change"),
+        )  # fmt: skip
         if self.stats.first_frame_s is None:
             self.stats.first_frame_s = chunk.latency_s
         self.stats.add(chunk, int(result.metrics.get("kv_bytes", 0)))

@@ -7,15 +7,16 @@ API key, send ``Authorization: Bearer <key>``.
 
 Server messages (JSON text): ``{"type": "session", ...the session record, "format", "policy",
 "window"}`` first; a reconnect then gets the last committed chunk again and the session goes on from
-it; ``{"type": "chunk", "chunk", "first_frame", "frames", "prompt", "strength", "latency_s",
+it; ``{"type": "chunk", "chunk", "first_frame", "frames", "prompt", "strength", "recache", "latency_s",
 "deadline_missed", "format", "data"}`` per chunk; ``{"type": "error", "message"}`` for a bad message;
 ``{"type": "error", "message", "code"}`` then a close for a session this replica does not hold (code
 ``wrong_replica``: connect with ``x-session-id: <id>``; ``session_lost``: its replica is gone, close
 code 1011); ``{"type": "end", "reason", ...the record}`` when the session ends; then the socket closes with that
 reason, code 1000, or 1001 when the server shuts down (every session is ended and its pages freed).
 
-Client messages: ``{"type": "steer", "prompt"?, "strength"?}`` (from the next chunk on: the new
-prompt, and how strongly it applies against the one before, 0 < strength <= 1), ``{"type": "ack"}``
+Client messages: ``{"type": "steer", "prompt"?, "strength"?, "recache"?}`` (from the next chunk on: the
+new prompt, how strongly it applies against the one before, 0 < strength <= 1, and whether a chunk
+under a new prompt first re-caches the window under it: ``recache_on_prompt_change``), ``{"type": "ack"}``
 (one chunk taken), ``{"type": "stop"}`` (end the session; its KV pages return). A client that goes
 away leaves the session paused for its ``linger_s``, then it ends.
 """
@@ -86,6 +87,7 @@ def chunk_message(chunk: Chunk, fmt: str, data: Any) -> str:
             "prompt": chunk.prompt,
             "strength": chunk.strength,
             "steer_from": chunk.steer_from,
+            "recache": chunk.recache,
             "latency_s": chunk.latency_s,
             "deadline_missed": chunk.missed,
             "format": fmt,
@@ -118,7 +120,7 @@ async def handle(ws: WebSocket, session: RealtimeSession, listener: Listener, te
         listener.ack()
     elif kind == "steer":
         try:
-            session.steer(message.get("prompt"), message.get("strength"))
+            session.steer(message.get("prompt"), message.get("strength"), message.get("recache"))
         except ConfigError as exc:
             await ws.send_text(json.dumps({"type": "error", "message": str(exc)}))
     elif kind == "stop":

@@ -8,7 +8,8 @@ at once by the VAE, frame by frame, carrying the decoder's causal feature cache 
 unless it is the last, run once more at the context timestep over the same context as its denoise
 steps (an AR_PREFILL step). Its every block's keys/values then go into the request's sequence of the
 instance's paged KV pool, after the rolling window has dropped the oldest frames after the sinks to
-make room (whole pages when frames fill whole pages, else a copy of the kept tokens).
+make room (whole pages when frames fill whole pages, else a copy of the kept tokens). A session continued
+under a new prompt may first re-cache its window under the new text (:mod:`fv_wan.causal_recache`).
 
 A chunk pass is one body (:func:`fv_wan.causal_transformer.chunk_body`) for both kinds: its inputs
 are the chunk's latents, timestep, per-frame RoPE and its context gathered from the pool, padded to a
@@ -39,6 +40,7 @@ from fv_core.loop import (
     batch_key,
     pinned_module,
 )
+from fv_wan import causal_recache
 from fv_wan.bodies import chunk_decode_body
 from fv_wan.causal_transformer import chunk_body, frame_rope
 from fv_wan.causal_window import cache_layout, context_frames, drop_tokens, evict, policy_evict, runs
@@ -102,13 +104,17 @@ class CausalWanLoop(WanLoop):
             vae_cache=None,  # markers of the decoder's feature cache (tensors under "vae_cache.<i>")
             offset=0,  # latent frames before this request's (a session's video so far)
             session=None,  # the session it continues
+            recache=[],  # re-cache passes left (cache_frames index runs): fv_wan.causal_recache
+            recached_frames=0,
+            text=causal_recache.text_tag(p),  # the text its chunks attend to
         )
         if p.session_id is not None:
             self._continue(state, p, p.session_id)
         if p.steer_from is not None and p.steer_strength < 1:
             self._steer(state, p)
         writes = chunks if v["session"] else chunks - 1  # a session keeps its last chunk for the next request
-        state.total_steps = chunks * v["steps"] + writes  # transformer passes: denoise steps and writes
+        # transformer passes: re-cache passes, denoise steps and writes
+        state.total_steps = len(v["recache"]) + chunks * v["steps"] + writes
         v["phase"] = self._next_phase(state)
         return state
 
@@ -132,6 +138,10 @@ class CausalWanLoop(WanLoop):
             seq={"pages": list(seq.pages), "length": seq.length},
             cache_frames=list(session.cache_frames),
         )
+        # the window's clean latents, kept for the session's next re-cache
+        latents = session.latents
+        state.tensors["window"] = latents if latents is not None else state.tensors["x"][:, :, :0]
+        causal_recache.start(state, session, p)
         if session.vae_cache is not None:
             self._keep_vae_cache(state, session.vae_cache)
 
@@ -164,6 +174,8 @@ class CausalWanLoop(WanLoop):
         if f"kv.{DIT}" not in t and not cached_kv(self.instance, state, DIT, fold):
             v.update(kv_for=DIT, kv_fold=fold)
             return "text_kv"
+        if v["recache"]:
+            return "recache"
         if v["chunk"] >= v["chunks"]:
             return "done"
         if v["chunk_step"] < v["steps"]:
@@ -176,6 +188,9 @@ class CausalWanLoop(WanLoop):
             return self._chunk_plan(state, write=phase == "chunk_write")
         if phase == "chunk_decode":
             return self._decode_plan(state)
+        if phase == "recache":
+            r = causal_recache.pass_inputs(state)
+            return self._pass_plan(state, **r, room=-1, kind=WorkUnitKind.AR_PREFILL)
         if phase == "done":
             return Done()
         return super().next(state)  # encode, text keys/values
@@ -188,6 +203,8 @@ class CausalWanLoop(WanLoop):
             self._written(state, result.outputs)
         elif phase == "chunk_decode":
             self._decoded(state, result)
+        elif phase == "recache":
+            causal_recache.fold(self.instance.kv_pool, state, result.outputs)
         else:
             return super().advance(state, result)
         state.values["phase"] = self._next_phase(state)
@@ -211,6 +228,7 @@ class CausalWanLoop(WanLoop):
             "kv_bytes": kv_bytes,
             "session": v["session"],  # the session it continued (None: a video of its own)
             "first_latent_frame": v["offset"],  # of the session's video
+            "recached_frames": v["recached_frames"],  # cached frames re-run under a new prompt
             "kernels": {"attention": "sdpa (block-causal, fv_wan.causal_transformer)"},
         }
         return LoopResult({"frames": t["frames"], "latents": t["latents"]}, metrics)
@@ -236,6 +254,7 @@ class CausalWanLoop(WanLoop):
     def release(self, state: LoopState) -> None:
         """Return the request's pages to the pool (on finish, and when it is cancelled or fails), and its
         session (which keeps its own pages) to the next request."""
+        causal_recache.release(self.instance.kv_pool, state)
         seq = state.values.get("seq")
         if seq and seq["pages"]:
             self.instance.kv_pool.release(KVSeq(**seq))
@@ -263,22 +282,34 @@ class CausalWanLoop(WanLoop):
     # ---- plans ----
 
     def _chunk_plan(self, state: LoopState, write: bool) -> WorkPlan:
-        inst, t, v = self.instance, state.tensors, state.values
+        t, v = state.tensors, state.values
         c, n, s = v["chunk"], v["chunk_frames"], v["chunk_step"]
         if write:
             latents, timestep = t["context"], v["context_sigma"] * v["train_steps"]
         else:
             latents, timestep = t["x"], float(t["timesteps"][s])
+        room = max(len(v["cache_frames"]) + n - v["window"], 0) if write else -1
+        label = f"chunk {c + 1}/{v['chunks']} " + ("cache write" if write else f"step {s + 1}/{v['steps']}")
+        return self._pass_plan(
+            state, latents, timestep, v["offset"] + c * n, KVSeq(**v["seq"]), v["cache_frames"], room,
+            WorkUnitKind.AR_PREFILL if write else WorkUnitKind.DIFFUSION_STEP, label,
+        )  # fmt: skip
+
+    def _pass_plan(
+        self, state: LoopState, latents: torch.Tensor, timestep: float, start: int, seq: KVSeq,
+        frames: list[int], room: int, kind: WorkUnitKind, label: str,
+    ) -> WorkPlan:  # fmt: skip
+        """A pass of the chunk body over ``latents`` (latent frames from ``start``) at ``timestep``, its
+        context ``seq`` holding ``frames``; ``room``: what a cache write must evict first (-1: no write)."""
+        inst, t, v = self.instance, state.tensors, state.values
         transformer = pinned_module(inst, state, DIT)
-        pool, seq = inst.kv_pool, KVSeq(**v["seq"])
-        tpf = v["tokens_per_frame"]
-        ctx = pool.gather([seq], context_frames(len(v["cache_frames"]), v["window"]) * tpf)
-        cos, sin = frame_rope(transformer, v["offset"] + c * n, n, latents.shape[3], latents.shape[4])
+        pool, tpf, n = inst.kv_pool, v["tokens_per_frame"], v["chunk_frames"]
+        ctx = pool.gather([seq], context_frames(len(frames), v["window"]) * tpf)
+        cos, sin = frame_rope(transformer, start, latents.shape[2], latents.shape[3], latents.shape[4])
         kv, held = t[f"kv.{DIT}"][:1], t.get(f"kv_rows.{DIT}")
         if t[f"kv.{DIT}"].shape[0] > 1:  # steering: blend the prompt's text keys/values into steer_from's
             s = v["steer_strength"]  # (folded rows repeat their last position up to the longer one's)
             kv = (s * kv.float() + (1 - s) * t[f"kv.{DIT}"][1:2].float()).to(kv.dtype)
-        room = max(len(v["cache_frames"]) + n - v["window"], 0) if write else -1
         inputs = {
             "latents": latents.to(inst.dtype),
             "timestep": torch.tensor([timestep], dtype=torch.float32, device=latents.device),
@@ -286,7 +317,7 @@ class CausalWanLoop(WanLoop):
             "rope_cos": cos,
             "rope_sin": sin,
             **ctx,
-            **cache_layout(v["cache_frames"], n, v["sink"], tpf, ctx["ctx_k"].shape[3], room, pool.k.device),
+            **cache_layout(frames, n, v["sink"], tpf, ctx["ctx_k"].shape[3], room, pool.k.device),
             KV_INPUT: None,  # a KV policy may pick each layer's context and what leaves the cache
         }
         kv_sig: tuple = tuple(kv.shape[1:])
@@ -298,12 +329,11 @@ class CausalWanLoop(WanLoop):
         shape_sig = (tuple(latents.shape[1:]), kv_sig, int(ctx["ctx_k"].shape[3]))
         cost = inst.card.loops[state.loop_id].step_cost
         tokens = cos.shape[1] + ctx["ctx_k"].shape[3]
-        label = f"chunk {c + 1}/{v['chunks']} " + ("cache write" if write else f"step {s + 1}/{v['steps']}")
         return WorkPlan(
-            kind=WorkUnitKind.AR_PREFILL if write else WorkUnitKind.DIFFUSION_STEP,
+            kind=kind,
             body=partial(chunk_body, transformer),
             inputs=inputs,
-            # denoise steps and cache writes are one body: either batches with the other
+            # denoise steps, cache writes and re-cache passes are one body: any batches with the others
             batch_key=batch_key(inst, state, DIT, LoopKind.CHUNK_ROLLOUT.value, shape_sig, precision),
             ragged={"kv": 3} if held is not None else {},
             cost_s=cost.base_s + cost.per_token_s * tokens,
@@ -389,10 +419,12 @@ class CausalWanLoop(WanLoop):
         v.update(chunk=c + 1, chunk_step=0, decoded=False)
         t["x"] = t["noise"][:, :, (c + 1) * n : (c + 2) * n].clone()
         if v["session"]:  # the session goes on from this chunk
+            old = [frames.index(f) for f in kept]
+            t["window"] = torch.cat([t["window"][:, :, old], t["latents"][:, :, -n:]], 2)
             window = pool.pages_for(v["window"] * tpf)
             self.instance.sessions.commit(
                 v["session"], state.request_id, seq, v["cache_frames"], first + n, self._vae_cache(state) or [],
-                v["shape"], window,
+                v["shape"], window, t["window"], v["text"],
             )  # fmt: skip
 
     @staticmethod

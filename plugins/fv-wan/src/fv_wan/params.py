@@ -122,6 +122,12 @@ class CausalWanParams(WanParams):
         le=1,
         description="steering: the share of prompt against steer_from in the text keys/values",
     )
+    recache_on_prompt_change: bool = Field(
+        False,
+        description="when this request continues a session under another prompt (or steering) than the "
+        "session's last chunk, first recompute the window's cached keys/values from its clean latents "
+        "under this request's text (a KV re-cache, LongLive), so the context drops the old prompt",
+    )
 
     def check(self, card: ModelCard, loop_id: str) -> None:
         super().check(card, loop_id)

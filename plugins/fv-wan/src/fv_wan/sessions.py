@@ -2,8 +2,9 @@
 
 A session holds what the next chunk needs: its keys/values in the instance's KV pool (the rolling
 window's frames), the latent frames made so far (the next chunk's absolute RoPE index) and the VAE
-decoder's causal feature cache. A request with ``session_id`` continues it with its own prompt and
-seed; each chunk it finishes is committed to the session (so a request cancelled at a chunk boundary
+decoder's causal feature cache, and for a KV re-cache (``recache_on_prompt_change``) the window's clean
+latents and the text its keys/values were made under. A request with ``session_id`` continues it with
+its own prompt and seed; each chunk it finishes is committed to the session (so a request cancelled at a chunk boundary
 leaves the session as of its last finished chunk, never half a chunk). One request at a time continues
 a session; sessions share nothing but the pool (a request works on a fork of the session's pages).
 A session is closed explicitly or after ``ttl_s`` idle seconds; either returns its pages.
@@ -16,6 +17,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from fv_core import ConfigError
 from fv_core.adapters import adapter_tag
@@ -36,6 +39,8 @@ class Session:
     cache_frames: list[int] = field(default_factory=list)  # the latent frames the window holds
     frames: int = 0  # latent frames made so far
     vae_cache: list | None = None  # the decoder's feature cache after the last frame
+    latents: torch.Tensor | None = None  # clean latents of the window's frames [1, C, frames, H, W]
+    text: tuple | None = None  # the text its cached keys/values attended to (fv_wan.causal_recache.text_tag)
     reserved: int = 0  # pool pages reserved for the session's window
     busy: str | None = None  # the request continuing it now
 
@@ -139,9 +144,10 @@ class Sessions:
 
     def commit(
         self, sid: str, request_id: str, seq: KVSeq, cache_frames: list[int], frames: int, vae_cache: list,
-        shape: dict[str, Any], window_pages: int,
+        shape: dict[str, Any], window_pages: int, latents: torch.Tensor, text: tuple,
     ) -> None:  # fmt: skip
-        """A finished chunk: the session now holds ``seq``'s pages (a fork), window and decoder cache."""
+        """A finished chunk: the session now holds ``seq``'s pages (a fork), window (its frames' clean
+        ``latents`` and the ``text`` its keys/values attended to) and decoder cache."""
         session = self._held(sid, request_id)
         if session.reserved < window_pages:  # the session's pages outlive the request's reservation
             if not self.pool.reserve(window_pages - session.reserved):
@@ -157,7 +163,7 @@ class Sessions:
         session.seq = {"pages": list(kept.pages), "length": kept.length}
         self.pool.release(old)
         session.cache_frames, session.frames, session.vae_cache = list(cache_frames), frames, list(vae_cache)
-        session.shape = dict(shape)
+        session.shape, session.latents, session.text = dict(shape), latents, text
 
     def release(self, sid: str, request_id: str) -> None:
         """The request continuing session ``sid`` ended (finished, cancelled or failed)."""
