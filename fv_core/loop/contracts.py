@@ -131,6 +131,7 @@ class StepResult:
     outputs: dict[str, Any]  # the body's outputs for this plan's rows only
     seconds: float = 0.0  # measured wall time attributed to this plan
     batched_with: int = 1  # how many plans shared the call
+    timed: bool = True  # False: the seconds are skewed (memory peak tracking); the cost model skips them
 
 
 @dataclass(slots=True)

@@ -44,7 +44,8 @@ class Profiler:
             return
         self.steps += 1
         self.seconds += result.seconds
-        self.cost_model.observe(state, plan, result.seconds)
+        if result.timed:
+            self.cost_model.observe(state, plan, result.seconds)
 
     def on_finish(self, state: LoopState, result: LoopResult) -> None:
         return None

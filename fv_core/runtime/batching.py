@@ -194,11 +194,11 @@ def group_calls(selected: list[Any], batching: Batching, max_rows: int) -> list[
 
 def measured_s(res: Outcome, plans: int) -> float:
     """Measured seconds of one body call over all its plans; 0 unless every plan ran in it (none answered
-    by an interceptor, none failed, no out-of-memory split)."""
+    by an interceptor, none failed, no out-of-memory split) and its time was not skewed (``timed``)."""
     if isinstance(res, StepResult):
-        return res.seconds
+        return res.seconds if res.timed else 0.0
     if not isinstance(res, list) or not all(
-        isinstance(r, StepResult) and r.seconds > 0 and r.batched_with == plans for r in res
+        isinstance(r, StepResult) and r.seconds > 0 and r.timed and r.batched_with == plans for r in res
     ):
         return 0.0
     return sum(r.seconds for r in res if isinstance(r, StepResult))

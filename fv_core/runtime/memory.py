@@ -12,7 +12,7 @@
 
 The scheduler measures a call when its batch curve has no peak yet (``CostModel.wants_peak``), so the
 tracking costs one call per shape bucket (the peak per row then prices any row count); that call's
-seconds, slowed by the tracking, are dropped (``untimed``) so they never reach the batch curve.
+seconds, slowed by the tracking, are marked ``untimed``: they reach neither the batch curve nor the calibration.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def measure_peak(device: str | torch.device) -> Iterator[Peak]:
 
 
 def untimed(outcome: Any) -> None:
-    """Zero the measured seconds of a call's results (a StepResult or a list of them): the cost model then
-    learns nothing from that call's time."""
+    """Mark a call's results (a StepResult or a list of them) untimed: the cost model then learns nothing
+    from that call's seconds, which still count in the request's timings."""
     for result in outcome if isinstance(outcome, list) else [outcome]:
-        if hasattr(result, "seconds"):
-            result.seconds = 0.0
+        if hasattr(result, "timed"):
+            result.timed = False

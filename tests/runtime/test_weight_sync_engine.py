@@ -121,9 +121,9 @@ def test_old_and_new_weights_never_share_a_batched_call(load, new_weights, old_r
     calls: list[list[str]] = []  # the batch-key instances of each batched call
     batch = oom.run_batch  # batched calls run there (with the out-of-memory split)
 
-    def spy(plans, profile):
+    def spy(plans, profile, *mode):
         calls.append([p.batch_key.instance for p in plans])
-        return batch(plans, profile)
+        return batch(plans, profile, *mode)
 
     monkeypatch.setattr(oom, "run_batch", spy)
     live = load()

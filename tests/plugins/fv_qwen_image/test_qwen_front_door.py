@@ -142,5 +142,7 @@ def test_a_folder_of_another_transformer_variant_is_refused(qwen_host, second_pa
     shutil.copytree(second_path, folder)
     config = json.loads((folder / "transformer" / "config.json").read_text())
     (folder / "transformer" / "config.json").write_text(json.dumps({**config, "guidance_embeds": True}))
-    with pytest.raises(WeightsError, match=r"sets \['guidance_embeds'\].*Fix: load a Qwen/Qwen-Image folder"):
+    with pytest.raises(
+        WeightsError, match=r"sets \['guidance_embeds'\].*Fix: load a Qwen/Qwen-Image, Qwen-Image-Edit"
+    ):
         fv_core.load(str(folder), host=qwen_host)

@@ -154,24 +154,24 @@ def test_interleave_gate_across_variants(variant_models):
 def test_batched_a14b_requests_never_mix_experts(variant_models, monkeypatch):
     """Two A14B requests whose step 2 falls on different experts (6 steps: 937 high-noise; 3 steps: 857
     low-noise): batched where their experts agree, never across experts."""
-    from fv_core.runtime import scheduler
+    from fv_core.runtime import oom, scheduler
 
     model, batches = variant_models[2], []
-    batched, alone = scheduler.run_batch, scheduler.run_plan
+    batched, alone = oom.run_batch, scheduler.run_plan  # batched calls run in oom (with the split)
 
     def seen(plans):
         if plans[0].label.startswith("denoise"):
             batches.append([(p.label, p.batch_key.instance) for p in plans])
 
-    def spy_batched(plans, profile):
+    def spy_batched(plans, profile, *mode):
         seen(plans)
-        return batched(plans, profile)
+        return batched(plans, profile, *mode)
 
     def spy_alone(plan, profile):  # the scheduler runs a lone plan without the batcher
         seen([plan])
         return alone(plan, profile)
 
-    monkeypatch.setattr(scheduler, "run_batch", spy_batched)
+    monkeypatch.setattr(oom, "run_batch", spy_batched)
     monkeypatch.setattr(scheduler, "run_plan", spy_alone)
 
     def item(rid, steps):

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from fv_core.kv.prefix import common_prefix_length
+from fv_core.kv import common_prefix_length
 from fv_core.loop import WorkPlan, WorkUnitKind
 
 MAX_WAITS = 8  # idle steps a request waits for another's prefill at most
