@@ -70,6 +70,29 @@ SETTINGS = {  # name -> options, in the package's names
         taylorseer_order=1,
     ),
 }
+# random medium Qwen-Image weights: a step's first-block residual differs from the last step's by ~0.4-0.6
+# (measured), so Wan's thresholds cache no step there; these cache some
+QWEN_SETTINGS = {
+    "fbcache_F1B0_R0.5": dict(
+        Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=0.5, max_warmup_steps=4
+    ),
+    "dbcache_F2B1_R0.5_MC3": dict(
+        Fn_compute_blocks=2,
+        Bn_compute_blocks=1,
+        residual_diff_threshold=0.5,
+        max_warmup_steps=4,
+        max_continuous_cached_steps=3,
+    ),
+    "taylorseer1_F1B0_R0.6_MC3": dict(
+        Fn_compute_blocks=1,
+        Bn_compute_blocks=0,
+        residual_diff_threshold=0.6,
+        max_warmup_steps=4,
+        max_continuous_cached_steps=3,
+        enable_taylorseer=True,
+        taylorseer_order=1,
+    ),
+}
 CONCURRENT = 4
 
 
@@ -83,18 +106,20 @@ class Family:
     guidance: dict  # the request's guidance, in the pipeline's names (two forwards a step)
     fv: dict  # what fv's request adds
     writer: str  # "module:attr" writing a random checkpoint in the published layout
+    settings: dict  # name -> cache options compared
 
 
 FAMILIES = {
     "wan": Family(
         "WanPipeline", MEDIUM, SIZE, dict(guidance_scale=GUIDANCE), dict(cfg_mode="two_forward"),
-        "fv_wan.tiny:write_tiny_checkpoint",
+        "fv_wan.tiny:write_tiny_checkpoint", SETTINGS,
     ),
     # bench/qwen_image.py's medium transformer (one forward of 1024 image tokens ~50-100 ms on one thread)
     "qwen": Family(
         "QwenImagePipeline",
         dict(num_layers=4, num_attention_heads=4, attention_head_dim=32, axes_dims_rope=(8, 12, 12)),
         dict(height=256, width=256), dict(true_cfg_scale=4.0), {}, "fv_qwen_image.tiny:write_tiny_checkpoint",
+        QWEN_SETTINGS,
     ),
 }  # fmt: skip
 NOTES = {
@@ -161,7 +186,7 @@ def psnr(a, b) -> float:
 
 
 def side_package(
-    weights: str, steps: int, repeats: int, settings: dict[str, dict] = SETTINGS, family: str = "wan"
+    weights: str, steps: int, repeats: int, settings: dict[str, dict] | None = None, family: str = "wan"
 ) -> dict:
     import cache_dit
     import diffusers
@@ -169,6 +194,7 @@ def side_package(
     from cache_dit import DBCacheConfig, TaylorSeerCalibratorConfig
 
     fam = FAMILIES[family]
+    settings = fam.settings if settings is None else settings
 
     def pipe_with(options: dict | None):
         pipe = getattr(diffusers, fam.pipeline).from_pretrained(weights)
@@ -233,13 +259,14 @@ def side_fv(
     weights: str,
     steps: int,
     repeats: int,
-    settings: dict[str, dict] = SETTINGS,
+    settings: dict[str, dict] | None = None,
     concurrent: bool = True,
     family: str = "wan",
 ) -> dict:
     """fv's runs; ``concurrent``: also 4 requests interleaved per setting (checked against serial)."""
     import torch
 
+    settings = FAMILIES[family].settings if settings is None else settings
     import fv_core
     from fv_cache_dit import DBCache
     from fv_core.parity import compare_results
@@ -300,14 +327,14 @@ def branch_steps(result) -> dict[str, list[int]]:
 # ---- the parent: run both sides, write JSON and PNG ------------------------------------------------
 
 
-def plot(path: Path, fv: dict, pkg: dict, steps: int, title: str) -> None:
+def plot(path: Path, fv: dict, pkg: dict, steps: int, title: str, names: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows: list[tuple[str, list[int]]] = []
-    for name in SETTINGS:
+    for name in names:
         rows += [(f"package {name} {b}", pkg[name]["cached"][b]) for b in ("cond", "uncond")]
         rows += [(f"fv {name} {b}", fv[name]["cached"][b]) for b in ("cond", "uncond")]
         for i, cached in enumerate(fv[name]["concurrent"]["cached"]):
@@ -372,7 +399,7 @@ def main() -> None:
     pkg, fv = runs["package"], runs["fv"]
     same_uncached = psnr(torch.tensor(pkg.pop("frames_uncached")), torch.tensor(fv.pop("frames_uncached")))
     settings = {}
-    for name, options in SETTINGS.items():
+    for name, options in family.settings.items():
         p, f = pkg[name], fv[name]
         settings[name] = {
             "options": options,
@@ -431,7 +458,7 @@ def main() -> None:
     out = Path(args.out or Path(__file__).parent / "results" / f"{name}{'_smoke' if args.smoke else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    plot(out.with_suffix(".png"), fv, pkg, args.steps, f"medium {family.pipeline}")
+    plot(out.with_suffix(".png"), fv, pkg, args.steps, f"medium {family.pipeline}", list(family.settings))
     print(json.dumps(result["settings"], indent=1))
 
 
