@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cache_dit_vs_package import GUIDANCE, MEDIUM, SIZE, fv_job, psnr, rounds, summary  # noqa: E402
+from cache_dit_vs_package import FAMILIES, GUIDANCE, MEDIUM, SIZE, fv_job, psnr, rounds, summary  # noqa: E402
 
 FBCACHE = dict(residual_diff_threshold=0.2, max_warmup_steps=4)  # random weights need > the 0.08 default
 CONCURRENT = 4
@@ -58,7 +58,7 @@ def measure(weights: str, steps: int, repeats: int) -> dict:
     model = fv_core.load(weights)
 
     def req(i: int):
-        return fv_job(model, i, steps)
+        return fv_job(model, FAMILIES["wan"], i, steps)
 
     def engine(cached: bool, observers=()) -> Engine:
         return Engine(interceptors=[FBCache(**FBCACHE)] if cached else [], observers=list(observers))

@@ -49,50 +49,38 @@ PROMPTS = [
 ]
 NEGATIVE = "blurry low quality worst quality"
 GUIDANCE = 5.0
-SETTINGS = {  # name -> options, in the package's names
-    "fbcache_F1B0_R0.2": dict(
-        Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=0.2, max_warmup_steps=4
-    ),
-    "dbcache_F2B1_R0.2_MC3": dict(
-        Fn_compute_blocks=2,
-        Bn_compute_blocks=1,
-        residual_diff_threshold=0.2,
-        max_warmup_steps=4,
-        max_continuous_cached_steps=3,
-    ),
-    "taylorseer1_F1B0_R0.3_MC3": dict(
-        Fn_compute_blocks=1,
-        Bn_compute_blocks=0,
-        residual_diff_threshold=0.3,
-        max_warmup_steps=4,
-        max_continuous_cached_steps=3,
-        enable_taylorseer=True,
-        taylorseer_order=1,
-    ),
-}
+
+
+def cache_settings(fb: float, db: float, ts: float) -> dict[str, dict]:
+    """The settings compared (name -> options, in the package's names) at these residual thresholds:
+    FBCache, DBCache F2B1 and TaylorSeer."""
+    return {
+        f"fbcache_F1B0_R{fb}": dict(
+            Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=fb, max_warmup_steps=4
+        ),
+        f"dbcache_F2B1_R{db}_MC3": dict(
+            Fn_compute_blocks=2,
+            Bn_compute_blocks=1,
+            residual_diff_threshold=db,
+            max_warmup_steps=4,
+            max_continuous_cached_steps=3,
+        ),
+        f"taylorseer1_F1B0_R{ts}_MC3": dict(
+            Fn_compute_blocks=1,
+            Bn_compute_blocks=0,
+            residual_diff_threshold=ts,
+            max_warmup_steps=4,
+            max_continuous_cached_steps=3,
+            enable_taylorseer=True,
+            taylorseer_order=1,
+        ),
+    }
+
+
+SETTINGS = cache_settings(0.2, 0.2, 0.3)  # Wan
 # random medium Qwen-Image weights: a step's first-block residual differs from the last step's by ~0.4-0.6
 # (measured), so Wan's thresholds cache no step there; these cache some
-QWEN_SETTINGS = {
-    "fbcache_F1B0_R0.5": dict(
-        Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=0.5, max_warmup_steps=4
-    ),
-    "dbcache_F2B1_R0.5_MC3": dict(
-        Fn_compute_blocks=2,
-        Bn_compute_blocks=1,
-        residual_diff_threshold=0.5,
-        max_warmup_steps=4,
-        max_continuous_cached_steps=3,
-    ),
-    "taylorseer1_F1B0_R0.6_MC3": dict(
-        Fn_compute_blocks=1,
-        Bn_compute_blocks=0,
-        residual_diff_threshold=0.6,
-        max_warmup_steps=4,
-        max_continuous_cached_steps=3,
-        enable_taylorseer=True,
-        taylorseer_order=1,
-    ),
-}
+QWEN_SETTINGS = cache_settings(0.5, 0.5, 0.6)
 CONCURRENT = 4
 
 
