@@ -72,7 +72,9 @@ def main() -> None:
     ap.add_argument(
         "--smoke", action="store_true", help="tiny sizes, one repeat: checks the script end to end"
     )
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "ltx2_vs_diffusers.json"))
+    ap.add_argument(
+        "--out", help="JSON path (default bench/results/ltx2_vs_diffusers.json; --smoke: the temp dir)"
+    )
     ap.add_argument(
         "--split-only",
         action="store_true",
@@ -97,7 +99,11 @@ def main() -> None:
         "torch_threads": args.threads,
         "load_avg_1m": os.getloadavg()[0],
     }
-    out = Path(args.out)
+    out = Path(
+        args.out
+        or Path(tempfile.gettempdir() if args.smoke else Path(__file__).parent / "results")
+        / "ltx2_vs_diffusers.json"
+    )
     if args.split_only:  # the other sections stay those of the last full run
         result = {**json.loads(out.read_text()), **result, "fv_time_split_machine": machine}
     else:

@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repeat")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "packed_wan.json"))
+    ap.add_argument("--out", help="JSON path (default bench/results/packed_wan.json; --smoke: the temp dir)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     steps, repeats = (2, 1) if args.smoke else (args.steps, args.repeats)
@@ -59,7 +59,11 @@ def main() -> None:
     result["request"] = {"shapes_fhw": shapes, "steps": steps, "guidance_scale": 5.0, "repeats": repeats}
     result["request"]["smoke"] = args.smoke
     result["checkpoint"] = {"transformer": "tiny" if args.smoke else MEDIUM, "weights": "random"}
-    out = Path(args.out)
+    out = Path(
+        args.out
+        or Path(tempfile.gettempdir() if args.smoke else Path(__file__).parent / "results")
+        / "packed_wan.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     plot(out.with_suffix(".png"), result)

@@ -74,9 +74,9 @@ def concurrent(flow, n: int) -> list:
         engine = AsyncEngine(Engine(Budget(max_running=64, max_waiting=64)))
         await engine.start()
 
-        async def execute(model: str, requests: list) -> list:
-            loaded = flow.models[model]
-            rids = [await engine.submit(*loaded.job(r)) for r in requests]
+        async def execute(stage) -> list:  # a StageRun: one stage's requests on its model
+            loaded = flow.models[stage.model]
+            rids = [await engine.submit(*loaded.job(r)) for r in stage.requests]
             return [await engine.result(rid) for rid in rids]
 
         try:
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "workflows.json"))
+    ap.add_argument("--out", help="JSON path (default bench/results/workflows.json; --smoke: the temp dir)")
     args = ap.parse_args()
     import numpy as np
     import torch
@@ -158,7 +158,10 @@ def main() -> None:
         "note": "layer_overhead_per_stage = (one workflow - its stages by hand) / 2 stages, over a stage's time "
         "(min over rounds; negative: within the noise)",
     }
-    out = Path(args.out)
+    out = Path(
+        args.out
+        or Path(tempfile.gettempdir() if args.smoke else Path(__file__).parent / "results") / "workflows.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     plot(out.with_suffix(".png"), wall)
