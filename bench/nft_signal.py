@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--lora-rank", type=int, default=4)
     ap.add_argument("--lora-lr", type=float, default=3e-4)
     ap.add_argument("--smoke", action="store_true", help="2 groups of 2, 2 steps, 4 eval seeds")
-    ap.add_argument("--out", default=str(REPO / "bench/results/nft_signal.json"))
+    ap.add_argument("--out", help="default bench/results/nft_signal.json; --smoke: the temp dir")
     args = ap.parse_args()
     if args.smoke:
         args.steps, args.groups, args.group_size, args.rollout_steps = 2, 2, 2, 2
@@ -200,7 +200,10 @@ def main() -> None:
               f"{res['rollout_shapes_reward_last5']} (max {res['rollout_shapes_reward_max']}), "
               f"KL {res['kl_last']}, eval shape {res['final_eval']['shape']}", flush=True)  # fmt: skip
     report["signal_over_noise"] = summary(report)
-    out = Path(args.out)
+    out = Path(
+        args.out
+        or (Path(tempfile.gettempdir()) if args.smoke else REPO / "bench/results") / "nft_signal.json"
+    )
     out.write_text(json.dumps(report, indent=1) + "\n")
     plot(report, out.with_suffix(".png"))
     print(json.dumps(report["signal_over_noise"], indent=1))

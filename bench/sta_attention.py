@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -197,8 +198,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, help="flex block (divides the tile volume); default: one tile")
     ap.add_argument("--sweep-heads", type=int, help="heads in the compile sweep; default: the first --heads")
     ap.add_argument("--smoke", action="store_true", help="tiny grids and tile: checks the script runs")
-    ap.add_argument("--out", type=Path, default=RESULTS / "sta_attention.json")
+    ap.add_argument(
+        "--out", type=Path, help="default bench/results/sta_attention.json; --smoke: the temp dir"
+    )
     args = ap.parse_args()
+    args.out = args.out or (Path(tempfile.gettempdir()) if args.smoke else RESULTS) / "sta_attention.json"
     args.tile, args.grids, args.sweep = TILE, GRIDS, SWEEP
     args.sweep_heads = args.sweep_heads or args.heads[0]  # its graphs then serve those rows too
     if args.smoke:

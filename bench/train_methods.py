@@ -169,8 +169,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny batches, one repeat")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--output", type=Path, default=RESULTS / "train_methods.json")
+    parser.add_argument(
+        "--output", type=Path, help="default bench/results/train_methods.json; --smoke: temp dir"
+    )
     args = parser.parse_args()
+    args.output = (
+        args.output or (Path(tempfile.gettempdir()) if args.smoke else RESULTS) / "train_methods.json"
+    )
     torch.set_num_threads(1)
     repeats = 1 if args.smoke else args.repeats
     timing: dict[str, Any] = {}
