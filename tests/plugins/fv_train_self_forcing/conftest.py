@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from sf_support import PROMPTS, sf_config
 
+from fv_core.plugins import PluginHost
 from fv_core.training import Role, train, validate
 from fv_train_self_forcing.method import SelfForcingMethod
+from fv_wan import plugin as wan_plugin
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +31,12 @@ def trained(tmp_path_factory, prompts) -> tuple[SelfForcingMethod, dict, Path]:
     }
     train(method.cfg, method, progress=False)
     return method, before, out
+
+
+@pytest.fixture(scope="session")
+def wan_only_host() -> PluginHost:
+    """A plugin host of fv-wan alone (the shapes cards' plugin)."""
+    host = PluginHost({})
+    host.add(wan_plugin, "fv-wan")
+    host.collect()
+    return host

@@ -10,20 +10,15 @@ import pytest
 import torch
 
 import fv_core
-from fv_core.plugins import PluginHost
 from fv_train_flow.detect import detect
-from fv_wan import plugin as wan_plugin
 from fv_wan.cards import shapes_causal_weights, wan_shapes_causal
 
 CARD = "wan2.1-t2v-shapes-causal"
 
 
 @pytest.fixture(scope="module")
-def student():
-    host = PluginHost({})
-    host.add(wan_plugin, "fv-wan")
-    host.collect()
-    return fv_core.load(CARD, host=host)
+def student(wan_only_host):
+    return fv_core.load(CARD, host=wan_only_host)
 
 
 def test_the_folder_ships_only_the_transformer_and_its_recipe():

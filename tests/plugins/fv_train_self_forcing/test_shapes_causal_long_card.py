@@ -13,20 +13,15 @@ import torch
 from safetensors.torch import load_file
 
 import fv_core
-from fv_core.plugins import PluginHost
 from fv_train_flow.detect import detect
-from fv_wan import plugin as wan_plugin
 from fv_wan.cards import shapes_causal_long_weights, shapes_weights
 
 CARD = "wan2.1-t2v-shapes-causal-long"
 
 
 @pytest.fixture(scope="module")
-def long_student():
-    host = PluginHost({})
-    host.add(wan_plugin, "fv-wan")
-    host.collect()
-    return fv_core.load(CARD, host=host)
+def long_student(wan_only_host):
+    return fv_core.load(CARD, host=wan_only_host)
 
 
 def test_its_vae_keeps_the_shapes_encoder_and_ships_its_own_decoder():
